@@ -1,0 +1,1 @@
+"""The ``dlrover-kfp`` command line: thin commands over the library."""

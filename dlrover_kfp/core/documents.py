@@ -1,0 +1,99 @@
+"""Turning text and mappings into contract objects and back, with errors a user can act on.
+
+Parsing is pure: it takes text or a mapping plus a ``source`` label (a file name, usually) used
+only in messages. Reading files happens at the edge (``dlrover_kfp.files``).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from dlrover_kfp.errors import SpecError
+
+T = TypeVar("T")
+
+
+@cache
+def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
+    return TypeAdapter(cls)
+
+
+def _loc(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text
+
+
+def _describe(error: Any, prefix: str) -> str:
+    """One error of pydantic's as one human line: ``key: what is wrong (got value)``."""
+    kind, loc, msg = error["type"], tuple(error["loc"]), str(error["msg"])
+    key = _loc(tuple(p for p in loc if not (isinstance(p, str) and p in _UNION_TAGS)))
+    key = f"{prefix}.{key}" if prefix and key else (prefix or key)
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        return f"{key}: unknown key"
+    if kind in ("missing", "missing_keyword_only_argument", "missing_argument"):
+        return f"{key}: required key is missing"
+    if kind == "value_error":
+        msg = msg.removeprefix("Value error, ")
+        # Cross-field checks name their own keys; do not repeat the parent's.
+        if ":" in msg.split(" ", 1)[0]:
+            return msg
+        return f"{key}: {msg}" if key else msg
+    got = error.get("input")
+    shown = "" if isinstance(got, dict | list) else f" (got {got!r})"
+    return f"{key}: {msg[0].lower() + msg[1:]}{shown}" if key else f"{msg}{shown}"
+
+
+#: Discriminated-union tags pydantic inserts into locations; not keys the user wrote.
+_UNION_TAGS = frozenset({"criteo", "synthetic"})
+
+
+def parse(cls: type[T], data: object, source: str, *, prefix: str = "") -> T:
+    """Validate ``data`` as ``cls``; raise :class:`SpecError` naming ``source`` and the key."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return _adapter(cls).validate_python(data)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = _describe(errors[0], prefix)
+        more = f" (and {len(errors) - 1} more problem{'s' * (len(errors) > 2)})" if len(errors) > 1 else ""
+        raise SpecError(f"{source}: {first}{more}") from None
+
+
+def to_dict(obj: object) -> dict[str, Any]:
+    """A contract object as plain JSON-compatible data (the form every file holds)."""
+    result: dict[str, Any] = _adapter(type(obj)).dump_python(obj, mode="json")
+    return result
+
+
+def to_json(obj: object, *, indent: int | None = 2) -> str:
+    return json.dumps(to_dict(obj), indent=indent, sort_keys=False)
+
+
+def json_schema(cls: type[Any]) -> dict[str, Any]:
+    """JSON Schema (draft 2020-12) of a contract type, as accepted on input."""
+    schema: dict[str, Any] = _adapter(cls).json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def load_text(text: str, source: str) -> object:
+    """Parse YAML (a superset of JSON) text; malformed text names the source and the line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise SpecError(f"{source}{where}: malformed YAML: {exc.problem or exc}") from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{source}: malformed YAML: {exc}") from None

@@ -1,0 +1,142 @@
+"""The job profile: what a finished (or failed) run leaves behind for the next one.
+
+Schema version 1. Fields may be added in later versions but never renamed or removed; a reader
+of version N accepts every version <= N. Times are seconds since the job started; ``started_at``
+anchors them to the wall clock (ISO 8601, UTC).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from dlrover_kfp.core.plan import NodeGroup, Stage
+from dlrover_kfp.core.spec import ModelSpec, NodeRequest, Quota
+from dlrover_kfp.core.types import (
+    CONTRACT_CONFIG,
+    CoresValue,
+    MemoryMb,
+    NonNegFloat,
+    NonNegInt,
+    PosInt,
+    Seconds,
+    Str,
+)
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class ProfileData:
+    rows: NonNegInt
+    path: Str | None = None
+    format: Str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class ProfileTraining:
+    batch_size: PosInt
+    epochs: PosInt
+    learning_rate: NonNegFloat | None = None
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class ProfileRequest:
+    """The user's own resources from the spec, kept to compare plans against."""
+
+    limits: Quota | None = None
+    workers: NodeRequest | None = None
+    ps: NodeRequest | None = None
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class ProfileJob:
+    """The features that make two jobs similar."""
+
+    name: Str
+    model: ModelSpec
+    data: ProfileData
+    training: ProfileTraining
+    scenario: Str | None = None
+    resources: ProfileRequest | None = None
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class AppliedPlan:
+    time: Seconds
+    stage: Stage
+    reason: Str
+    workers: NodeGroup
+    ps: NodeGroup
+
+
+Role = Literal["worker", "ps"]
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class NodeSample:
+    """One pod at one sample time: what it used against what it was given."""
+
+    name: Str
+    role: Role
+    cpu_used: CoresValue
+    cpu_requested: CoresValue
+    memory_used_mb: MemoryMb
+    memory_requested_mb: MemoryMb
+    throughput: NonNegFloat | None = Field(
+        default=None, description="samples/s this worker processed (workers only)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class RuntimeSample:
+    time: Seconds
+    global_step: NonNegInt
+    throughput: NonNegFloat = Field(description="samples/s, all workers together")
+    workers: NonNegInt
+    ps: NonNegInt
+    worker_cpu: CoresValue = Field(description="CPU requested per worker (cores)")
+    ps_cpu: CoresValue = Field(description="CPU requested per PS (cores)")
+    nodes: tuple[NodeSample, ...] = ()
+
+
+EventKind = Literal["oom", "relaunch", "migration", "straggler", "scale", "failure"]
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class JobEvent:
+    time: Seconds
+    kind: EventKind
+    node: Str | None = None
+    detail: Str = ""
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class Outcome:
+    status: Literal["succeeded", "failed"]
+    jct_seconds: NonNegFloat
+    samples_processed: NonNegInt
+    reason: Str = ""
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class Metrics:
+    loss: float | None = None
+    auc: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class JobProfile:
+    """Everything the history keeps about one run."""
+
+    run_id: Str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    started_at: Str = Field(description="ISO 8601 UTC wall-clock time of job start")
+    job: ProfileJob
+    outcome: Outcome
+    schema_version: Literal[1] = SCHEMA_VERSION
+    plans: tuple[AppliedPlan, ...] = ()
+    samples: tuple[RuntimeSample, ...] = ()
+    events: tuple[JobEvent, ...] = ()
+    metrics: Metrics = Metrics()

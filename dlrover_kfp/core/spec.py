@@ -1,0 +1,194 @@
+"""The job spec: one YAML document that the CLI, the KFP components and Airflow all accept.
+
+The spec states what to train and, optionally, the user's own resource guess (the "manual"
+configuration) and the job's quota, which no plan may exceed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+from pydantic.dataclasses import dataclass
+
+from dlrover_kfp.core.plan import NodeGroup
+from dlrover_kfp.core.types import (
+    CONTRACT_CONFIG,
+    Cores,
+    DnsLabel,
+    MemoryQuantity,
+    NonNegInt,
+    PosFloat,
+    PosInt,
+    Str,
+)
+
+BYTES_PER_FLOAT = 4
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class ModelSpec:
+    """DLRM shape: one embedding table per categorical feature, two MLPs.
+
+    The bottom MLP maps the dense features to ``embedding_dim`` so that its output can take part
+    in the pairwise dot-product interaction; the top MLP ends in one logit.
+    """
+
+    table_sizes: Annotated[tuple[PosInt, ...], Field(min_length=1)]
+    kind: Literal["dlrm"] = "dlrm"
+    embedding_dim: PosInt = 16
+    dense_features: PosInt = 13
+    bottom_mlp: Annotated[tuple[PosInt, ...], Field(min_length=1)] = (64, 32, 16)
+    top_mlp: Annotated[tuple[PosInt, ...], Field(min_length=1)] = (64, 32, 1)
+
+    @model_validator(mode="after")
+    def _shapes_fit(self) -> ModelSpec:
+        if self.bottom_mlp[-1] != self.embedding_dim:
+            raise ValueError(
+                f"model.bottom_mlp: last layer {self.bottom_mlp[-1]} must equal "
+                f"model.embedding_dim {self.embedding_dim} (the dot interaction needs it)"
+            )
+        if self.top_mlp[-1] != 1:
+            raise ValueError(f"model.top_mlp: last layer must be 1 (one logit), got {self.top_mlp[-1]}")
+        return self
+
+    @property
+    def embedding_rows(self) -> int:
+        return sum(self.table_sizes)
+
+    @property
+    def embedding_bytes(self) -> int:
+        """Bytes of embedding weights: rows x dim x 4 (float32)."""
+        return self.embedding_rows * self.embedding_dim * BYTES_PER_FLOAT
+
+    def signature(self) -> str:
+        """A stable text key for "the same model shape", used to find similar jobs."""
+        tables = ",".join(str(t) for t in self.table_sizes)
+        return (
+            f"{self.kind}:d{self.embedding_dim}:x{self.dense_features}:t[{tables}]"
+            f":b{list(self.bottom_mlp)}:m{list(self.top_mlp)}".replace(" ", "")
+        )
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class CriteoData:
+    """Criteo click logs (tab or comma separated, with or without a header)."""
+
+    path: Str
+    format: Literal["criteo"] = "criteo"
+    rows: PosInt | None = Field(default=None, description="row count if known; helps planning")
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class SyntheticData:
+    """Criteo-shaped synthetic rows with a planted signal, deterministic per seed."""
+
+    rows: PosInt
+    format: Literal["synthetic"] = "synthetic"
+    seed: NonNegInt = 0
+
+
+DataSpec = Annotated[CriteoData | SyntheticData, Field(discriminator="format")]
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class TrainingSpec:
+    batch_size: PosInt
+    epochs: PosInt = 1
+    learning_rate: PosFloat = 0.05
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class Quota:
+    """The most CPU and memory the job may hold at once, all pods together."""
+
+    cpu: Cores
+    memory: MemoryQuantity
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class NodeRequest:
+    """One role's pods as the user writes them: ``{count: 4, cpu: 4, memory: 8Gi}``."""
+
+    count: PosInt
+    cpu: Cores
+    memory: MemoryQuantity
+
+    def to_group(self) -> NodeGroup:
+        return NodeGroup(count=self.count, cpu=self.cpu, memory_mb=self.memory)
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class ResourcesSpec:
+    limits: Quota | None = None
+    workers: NodeRequest | None = None
+    ps: NodeRequest | None = None
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class ElasticSpec:
+    min_workers: PosInt = 1
+    max_workers: PosInt = 32
+    min_ps: PosInt = 1
+    max_ps: PosInt = 15
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ElasticSpec:
+        if self.min_workers > self.max_workers:
+            raise ValueError(
+                f"elastic.min_workers {self.min_workers} exceeds elastic.max_workers "
+                f"{self.max_workers}"
+            )
+        if self.min_ps > self.max_ps:
+            raise ValueError(f"elastic.min_ps {self.min_ps} exceeds elastic.max_ps {self.max_ps}")
+        return self
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class JobSpec:
+    """A DLRM training job. See docs/contracts.md for every key."""
+
+    name: DnsLabel
+    model: ModelSpec
+    data: DataSpec
+    training: TrainingSpec
+    scenario: Str | None = Field(default=None, description="similarity key for warm start")
+    resources: ResourcesSpec = ResourcesSpec()
+    elastic: ElasticSpec = ElasticSpec()
+
+    @model_validator(mode="after")
+    def _within_quota(self) -> JobSpec:
+        from dlrover_kfp.core.footprint import min_ps_memory_mb, min_worker_memory_mb
+
+        limits = self.resources.limits
+        if limits is None:
+            return self
+        need_mem = min_worker_memory_mb(self.model, self.training) + min_ps_memory_mb(self.model, 1)
+        if limits.cpu < 2 * MIN_NODE_CPU or limits.memory < need_mem:
+            raise ValueError(
+                f"resources.limits: quota (cpu {limits.cpu}, memory {limits.memory}Mi) is too "
+                f"small for one worker and one PS of this model (needs at least cpu "
+                f"{2 * MIN_NODE_CPU}, memory {need_mem}Mi)"
+            )
+        groups = [g for g in (self.resources.workers, self.resources.ps) if g is not None]
+        cpu = sum(g.count * g.cpu for g in groups)
+        mem = sum(g.count * g.memory for g in groups)
+        if cpu > limits.cpu + 1e-9:
+            raise ValueError(
+                f"resources: workers and ps request cpu {cpu:g}, more than "
+                f"resources.limits.cpu {limits.cpu:g}"
+            )
+        if mem > limits.memory:
+            raise ValueError(
+                f"resources: workers and ps request memory {mem}Mi, more than "
+                f"resources.limits.memory {limits.memory}Mi"
+            )
+        return self
+
+    @property
+    def dataset_rows(self) -> int | None:
+        return self.data.rows
+
+
+#: The smallest CPU a pod may be given (cores).
+MIN_NODE_CPU = 0.5

@@ -1,0 +1,75 @@
+"""Validated scalar types shared by the contracts.
+
+Every field of the public documents goes through one of these, so that ``"512"`` is not silently
+taken for ``512`` and ``true`` is not taken for ``1``: a spec that says something odd is rejected
+with the key and the value, never guessed at.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BeforeValidator, ConfigDict, Field, PlainSerializer, Strict
+
+from dlrover_kfp.core.quantity import format_cpu, format_memory, parse_cpu, parse_memory_mb
+
+#: Configuration of every contract dataclass: unknown keys are errors.
+CONTRACT_CONFIG = ConfigDict(extra="forbid", validate_assignment=False)
+
+PosInt = Annotated[int, Strict(), Field(ge=1)]
+NonNegInt = Annotated[int, Strict(), Field(ge=0)]
+PosFloat = Annotated[float, Strict(), Field(gt=0)]
+NonNegFloat = Annotated[float, Strict(), Field(ge=0)]
+Str = Annotated[str, Strict()]
+Seconds = Annotated[float, Strict(), Field(ge=0, description="seconds since job start")]
+
+#: CPU in cores; accepts Kubernetes notation on input (``0.5``, ``500m``, ``4``).
+Cores = Annotated[
+    float,
+    BeforeValidator(parse_cpu),
+    Field(gt=0, description="CPU cores; input also accepts Kubernetes notation: 0.5, 500m, 4"),
+]
+#: CPU in cores as written by machines (plans, profiles): numbers only.
+CoresValue = Annotated[float, Strict(), Field(ge=0, description="CPU cores")]
+
+#: Memory as a Kubernetes quantity in a spec; stored as MiB, written back as a quantity string.
+MemoryQuantity = Annotated[
+    int,
+    BeforeValidator(parse_memory_mb),
+    PlainSerializer(format_memory, return_type=str),
+    Field(
+        gt=0,
+        description="memory as a Kubernetes quantity (8Gi, 512Mi, 16G); a bare number is bytes",
+        json_schema_extra={"type": ["string", "number"]},
+    ),
+]
+#: Memory in MiB as written by machines (plans, profiles).
+MemoryMb = Annotated[int, Strict(), Field(ge=0, description="memory in MiB (2**20 bytes)")]
+
+
+DnsLabel = Annotated[
+    str,
+    Strict(),
+    Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="a DNS-1123 label: lower-case letters, digits and '-', at most 63",
+    ),
+]
+
+__all__ = [
+    "CONTRACT_CONFIG",
+    "Cores",
+    "CoresValue",
+    "DnsLabel",
+    "MemoryMb",
+    "MemoryQuantity",
+    "NonNegFloat",
+    "NonNegInt",
+    "PosFloat",
+    "PosInt",
+    "Seconds",
+    "Str",
+    "format_cpu",
+]

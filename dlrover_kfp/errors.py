@@ -1,0 +1,54 @@
+"""Error types that carry their retry meaning.
+
+Callers (the CLI, the KFP components, the Airflow operators, the runtime loop) decide what to do
+from the type alone: a :class:`PermanentError` will fail the same way again, so it is reported
+once and never retried; a :class:`TransientError` may succeed on a later attempt, so Airflow's
+retries or the runtime's back-off should handle it.
+"""
+
+from __future__ import annotations
+
+
+class DlroverKfpError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    retryable: bool = False
+
+
+class PermanentError(DlroverKfpError):
+    """Retrying cannot help: bad input, corrupt data, an impossible request."""
+
+    retryable = False
+
+
+class TransientError(DlroverKfpError):
+    """The outside world was briefly unavailable (a locked database, a refused connection)."""
+
+    retryable = True
+
+
+class UserInputError(PermanentError, ValueError):
+    """Something the user wrote is wrong. The message names the file or key and the value.
+
+    A ``ValueError`` so that library callers can catch it the idiomatic way.
+    """
+
+
+class SpecError(UserInputError):
+    """A job spec, plan or profile document does not validate."""
+
+
+class HistoryError(DlroverKfpError):
+    """Base of history-store errors."""
+
+
+class HistoryCorruptError(HistoryError, PermanentError):
+    """The history store exists but cannot be read as a history store."""
+
+
+class HistoryUnavailableError(HistoryError, TransientError):
+    """The history store could not be reached or was locked; try again later."""
+
+
+class NotFoundError(UserInputError, LookupError):
+    """A named object (a job id in the history, say) does not exist."""
