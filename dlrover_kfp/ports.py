@@ -5,6 +5,7 @@ Each port has one behavioural test suite that every implementation runs (tests/c
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ class HistoryStore(Protocol):
         """Summaries, newest first."""
         ...
 
-    def find_similar(self, query: SimilarityQuery) -> list[JobSummary]: ...
+    def find_similar(self, query: SimilarityQuery) -> builtins.list[JobSummary]: ...
 
     def iter_profiles(self) -> Iterator[JobProfile]:
         """Every profile, oldest first (for export)."""

@@ -7,13 +7,13 @@ reads a few numbers per job instead of parsing every profile.
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from dlrover_kfp.core.observation import Config, Observation
+from dlrover_kfp.core.observation import Observation
 from dlrover_kfp.core.plan import NodeGroup
 from dlrover_kfp.core.profile import JobProfile, RuntimeSample
+from dlrover_kfp.core.usage import observations_from_samples
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,27 +85,6 @@ def _group_from_sample(sample: RuntimeSample, role: str) -> NodeGroup:
     return NodeGroup(count=count, cpu=cpu, memory_mb=memory)
 
 
-def _observations(profile: JobProfile) -> tuple[Observation, ...]:
-    by_config: dict[Config, list[RuntimeSample]] = defaultdict(list)
-    for s in profile.samples:
-        if s.throughput > 0 and s.workers > 0 and s.ps > 0:
-            by_config[Config(s.workers, s.ps, s.worker_cpu, s.ps_cpu)].append(s)
-    result = []
-    for config, samples in by_config.items():
-        w_used = [n.cpu_used for s in samples for n in s.nodes if n.role == "worker"]
-        p_used = [n.cpu_used for s in samples for n in s.nodes if n.role == "ps"]
-        result.append(
-            Observation(
-                config=config,
-                batch_size=profile.job.training.batch_size,
-                throughput=statistics.fmean(s.throughput for s in samples),
-                worker_cpu_used=statistics.fmean(w_used) if w_used else None,
-                ps_cpu_used=statistics.fmean(p_used) if p_used else None,
-            )
-        )
-    return tuple(result)
-
-
 def summarize(profile: JobProfile) -> JobSummary:
     """Reduce a profile to its planning summary (pure; the store calls it on every record)."""
     workers, ps = _final_groups(profile)
@@ -151,5 +130,5 @@ def summarize(profile: JobProfile) -> JobSummary:
         mean_worker_cpu=statistics.fmean(means["worker"]) if means["worker"] else 0.0,
         mean_ps_cpu=statistics.fmean(means["ps"]) if means["ps"] else 0.0,
         oom_events=sum(1 for e in profile.events if e.kind == "oom"),
-        observations=_observations(profile),
+        observations=observations_from_samples(profile.samples, job.training.batch_size),
     )

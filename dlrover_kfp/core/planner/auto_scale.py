@@ -1,0 +1,257 @@
+"""Stage 2: auto-scaling a running job from its own samples and a fitted model.
+
+observe (samples) -> decide (this module, pure) -> apply (the runtime). Each decision:
+
+1. waits until the last change has had ``min_interval_s`` and the current configuration has
+   ``min_samples`` samples, so that a plan is judged on steady-state throughput;
+2. rolls the last change back if it cost throughput: ``rollback_drop`` (20%) for a growth
+   step, ``give_back_tolerance`` (5%) for a step that gave resources back;
+3. fits the resource-performance model on every configuration seen so far;
+4. searches the quota for the best configuration and the cheapest one within
+   ``near_optimal`` of it (search.py), never giving a pod less CPU than it uses;
+5. grows if that promises ``min_gain`` more throughput; gives back if it saves
+   ``min_saving`` of the cost for at most ``max_loss`` of throughput;
+6. otherwise, if a role leaves CPU idle and has never been measured with less, probes: cuts
+   that role's CPU per pod (to ``probe_factor`` of it, not below mean use x 1.25) and lets the
+   next measurement judge. Averages of CPU use cannot tell whether fewer cores suffice
+   (bursts), a measurement can; and once measured the model knows the slope there;
+7. otherwise keeps the plan: a stable optimum yields no change (no thrashing).
+
+Growth moves by bounded steps; giving back is taken whole (rollback bounds its risk).
+Predicted gains are ratios of the model at two configurations applied to the measured
+throughput, so the model's bias at the current point cancels.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from dlrover_kfp.core.footprint import RUNTIME_MB
+from dlrover_kfp.core.observation import Config, Observation
+from dlrover_kfp.core.perf_model import PRIOR, PerfModel, fit
+from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
+from dlrover_kfp.core.planner.context import PlanningContext
+from dlrover_kfp.core.planner.search import CpuBounds, MemoryNeeds, search
+from dlrover_kfp.core.planner.settings import AutoScaleSettings, PlannerSettings
+from dlrover_kfp.core.profile import RuntimeSample
+from dlrover_kfp.core.usage import (
+    capped_observations,
+    config_of,
+    cpu_saturation,
+    observations_from_samples,
+    ps_cores_per_sample,
+    worker_cpu_floor,
+)
+
+StepKind = Literal["grow", "give_back", "rollback"]
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingStep:
+    """The last change auto-scaling made, kept by the caller so that it can be judged."""
+
+    time: float  # seconds since job start when the new plan was applied
+    before: ResourcePlan
+    throughput_before: float  # measured samples/s at ``before``
+    kind: StepKind = "grow"
+
+
+@dataclass(frozen=True, slots=True)
+class AutoScaleDecision:
+    """``plan`` is None when the current plan should stand; ``reason`` says why either way.
+    ``kind`` tells the caller how to record the step (see :class:`ScalingStep`)."""
+
+    plan: ResourcePlan | None
+    reason: str
+    model: PerfModel | None = None
+    kind: StepKind = "grow"
+
+
+def plan_config(plan: ResourcePlan) -> Config:
+    return Config(plan.workers.count, plan.ps.count, plan.workers.cpu, plan.ps.cpu)
+
+
+def describe(c: Config) -> str:
+    return f"{c.workers}w x {c.worker_cpu:g}cpu + {c.ps}ps x {c.ps_cpu:g}cpu"
+
+
+def _step_toward(cur: Config, target: Config, s: AutoScaleSettings) -> Config:
+    """Growth bounded per step; reductions taken whole (their risk is bounded by rollback)."""
+    workers = min(target.workers, cur.workers + s.max_worker_step)
+    ps = min(target.ps, cur.ps + s.max_ps_step)
+    worker_cpu = min(target.worker_cpu, cur.worker_cpu * s.max_cpu_growth)
+    ps_cpu = min(target.ps_cpu, cur.ps_cpu * s.max_cpu_growth)
+    return Config(workers, ps, worker_cpu, ps_cpu)
+
+
+def _probe(
+    cur: Config, observations: Sequence[Observation], s: AutoScaleSettings, step: float
+) -> tuple[Config, str] | None:
+    """A give-back probe for the first role that idles and was never measured with less CPU."""
+    now = next((o for o in reversed(observations) if o.config == cur), None)
+    if now is None:
+        return None
+    for role in ("worker", "ps"):
+        given = cur.worker_cpu if role == "worker" else cur.ps_cpu
+        used = now.worker_cpu_used if role == "worker" else now.ps_cpu_used
+        if used is None or used >= s.busy_utilization * given:
+            continue
+        lower_seen = any(
+            (o.config.worker_cpu if role == "worker" else o.config.ps_cpu) < given
+            for o in observations
+        )
+        if lower_seen:
+            continue
+        floor = math.ceil(used * (1 + s.idle_headroom) / step - 1e-9) * step
+        cut = max(floor, math.ceil(given * s.probe_factor / step - 1e-9) * step, step)
+        if cut >= given:
+            continue
+        probe = (
+            Config(cur.workers, cur.ps, cut, cur.ps_cpu)
+            if role == "worker"
+            else Config(cur.workers, cur.ps, cur.worker_cpu, cut)
+        )
+        return probe, f"{role}s use {used:.2g} of {given:g} cores: probe {cut:g}"
+    return None
+
+
+def _judge(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | None:
+    """Why the last step should be undone, or None if it stands.
+
+    A growth step must pay: it must measure at least ``min_gain / 2`` more throughput (else it
+    holds resources for nothing), and a drop of ``rollback_drop`` undoes it in any case. A
+    give-back step must cost at most ``give_back_tolerance``. A rollback is not judged again.
+    """
+    change = measured / step.throughput_before - 1
+    if step.kind == "grow" and change < s.min_gain / 2:
+        return f"the last growth step measured {change:+.1%}, not the gain it was for"
+    if step.kind == "give_back" and change < -s.give_back_tolerance:
+        return f"giving back cost {-change:.0%} of throughput"
+    if step.kind == "rollback" and change < -s.rollback_drop:
+        return f"throughput fell {-change:.0%} after the rollback"
+    return None
+
+
+def auto_scale(
+    ctx: PlanningContext,
+    current: ResourcePlan,
+    samples: Sequence[RuntimeSample],
+    now: float,
+    settings: PlannerSettings,
+    *,
+    last_step: ScalingStep | None = None,
+    prior: PerfModel = PRIOR,
+) -> AutoScaleDecision:
+    s = settings.auto_scale
+    cur = plan_config(current)
+    since = last_step.time if last_step is not None else 0.0
+    if last_step is not None and now - last_step.time < s.min_interval_s:
+        return AutoScaleDecision(None, f"waiting: last plan {now - last_step.time:.0f}s ago")
+    at_current = [x for x in samples if x.time >= since and config_of(x) == cur]
+    if len(at_current) < s.min_samples:
+        return AutoScaleDecision(
+            None, f"waiting: {len(at_current)}/{s.min_samples} samples at the current plan"
+        )
+    measured = statistics.fmean(x.throughput for x in at_current[-s.min_samples :])
+
+    if last_step is not None:
+        verdict = _judge(last_step, measured, s)
+        if verdict is not None:
+            back = last_step.before
+            return AutoScaleDecision(
+                ResourcePlan(
+                    workers=back.workers,
+                    ps=back.ps,
+                    stage=Stage.AUTO_SCALE,
+                    reason=f"rollback: {verdict} ({last_step.throughput_before:.0f} -> "
+                    f"{measured:.0f} samples/s)",
+                    predicted_throughput=round(last_step.throughput_before, 1),
+                ),
+                "rollback",
+                kind="rollback",
+            )
+
+    observations = observations_from_samples(samples, ctx.batch_size)
+    worker_cap, ps_cap = cpu_saturation(observations, s.min_gain / 2)
+    model = fit(
+        capped_observations(observations, worker_cap, ps_cap), prior, settings=settings.model_fit
+    )
+    bounds = CpuBounds(
+        worker_cap=worker_cap,
+        ps_cap=ps_cap,
+        worker_floor=worker_cpu_floor(observations, cur, s.idle_headroom),
+        ps_cores_per_sample=ps_cores_per_sample(observations),
+        headroom=s.idle_headroom,
+    )
+    # Memory is conserved: workers keep theirs (Stage 3 grows it), the PS state re-partitions.
+    ps_state = max(ctx.ps_state_mb, cur.ps * (current.ps.memory_mb - RUNTIME_MB))
+    memory = MemoryNeeds(
+        worker_mb=current.workers.memory_mb,
+        ps_fixed_mb=RUNTIME_MB,
+        ps_state_mb=ps_state,
+        ps_min_mb=ctx.node.min_memory_mb,
+    )
+    target = search(model, ctx, memory, bounds, s.near_optimal, include=(cur,)).target
+
+    def predict(c: Config) -> float:
+        lw = c.worker_cpu if worker_cap is None else min(c.worker_cpu, worker_cap)
+        lp = c.ps_cpu if ps_cap is None else min(c.ps_cpu, ps_cap)
+        return model.throughput(Config(c.workers, c.ps, lw, lp), ctx.batch_size)
+
+    x_cur = predict(cur)
+    gain = predict(target.config) / x_cur
+    cur_cost = ctx.dominant_share(current.total_cpu, current.total_memory_mb)
+    kind: StepKind
+    if gain >= 1 + s.min_gain:
+        step, kind = _step_toward(cur, target.config, s), "grow"
+        why = f"model predicts {gain - 1:+.0%} throughput"
+        if step != target.config:
+            why += f", step toward {describe(target.config)}"
+    elif target.cost <= (1 - s.min_saving) * cur_cost and gain >= 1 - s.max_loss:
+        step, kind = target.config, "give_back"
+        why = f"gives back {1 - target.cost / cur_cost:.0%} of the cost for {gain - 1:+.1%} throughput"
+    else:
+        probe = _probe(cur, observations, s, ctx.node.cpu_step)
+        if probe is None:
+            return AutoScaleDecision(
+                None,
+                f"stable: best target {describe(target.config)} promises {gain - 1:+.1%} "
+                f"throughput at {target.cost / cur_cost - 1:+.0%} cost",
+                model,
+            )
+        step, why = probe
+        kind = "give_back"
+    workers, ps = _groups(step, memory, ctx, target.config, target.ps_memory_mb)
+    stepped = Config(workers.count, ps.count, workers.cpu, ps.cpu)
+    predicted = measured * predict(stepped) / x_cur
+    return AutoScaleDecision(
+        ResourcePlan(
+            workers=workers,
+            ps=ps,
+            stage=Stage.AUTO_SCALE,
+            reason=f"auto-scale {describe(cur)} -> {describe(stepped)}: {why}",
+            predicted_throughput=round(predicted, 1),
+        ),
+        why,
+        model,
+        kind=kind,
+    )
+
+
+def _groups(
+    step: Config, memory: MemoryNeeds, ctx: PlanningContext, target: Config, target_ps_mb: int
+) -> tuple[NodeGroup, NodeGroup]:
+    """Node groups for a stepped configuration; the target itself if the step breaks the quota
+    (fewer PS than the target need more memory each)."""
+    ps_mb = memory.ps_mb(step.ps)
+    mem = step.workers * memory.worker_mb + step.ps * ps_mb
+    if step.total_cpu > ctx.quota_cpu + 1e-9 or mem > ctx.quota_memory_mb:
+        step, ps_mb = target, target_ps_mb
+    return (
+        NodeGroup(count=step.workers, cpu=step.worker_cpu, memory_mb=memory.worker_mb),
+        NodeGroup(count=step.ps, cpu=step.ps_cpu, memory_mb=ps_mb),
+    )

@@ -1,0 +1,77 @@
+"""What the planner needs to know about a job, read once from its spec."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dlrover_kfp.core.footprint import RUNTIME_MB, min_ps_memory_mb, min_worker_memory_mb
+from dlrover_kfp.core.planner.settings import NodeLimits, PlannerSettings
+from dlrover_kfp.core.spec import JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class PlanningContext:
+    """The bounds every plan for one job must respect."""
+
+    quota_cpu: float
+    quota_memory_mb: int
+    min_workers: int
+    max_workers: int
+    min_ps: int
+    max_ps: int
+    batch_size: int
+    #: floor of a worker's memory (MiB), from the model's shape
+    worker_memory_floor_mb: int
+    #: embedding rows and optimizer slots of the whole model (MiB), spread over the PS
+    ps_state_mb: int
+    dataset_rows: int | None
+    node: NodeLimits
+
+    def ps_memory_floor_mb(self, ps_count: int) -> int:
+        """Per-PS floor: runtime + its share of the rows (they re-partition with the count)."""
+        return RUNTIME_MB + math.ceil(self.ps_state_mb / max(1, ps_count))
+
+    def dominant_share(self, cpu: float, memory_mb: float) -> float:
+        """Cost of an allocation: its dominant share of the quota (as DRF defines it)."""
+        return max(cpu / self.quota_cpu, memory_mb / self.quota_memory_mb)
+
+
+def context_from_spec(spec: JobSpec, settings: PlannerSettings) -> PlanningContext:
+    limits = spec.resources.limits
+    quota_cpu = limits.cpu if limits else settings.default_quota.cpu
+    quota_mem = limits.memory if limits else settings.default_quota.memory_mb
+    one_ps = min_ps_memory_mb(spec.model, 1)
+    return PlanningContext(
+        quota_cpu=quota_cpu,
+        quota_memory_mb=quota_mem,
+        min_workers=spec.elastic.min_workers,
+        max_workers=spec.elastic.max_workers,
+        min_ps=spec.elastic.min_ps,
+        max_ps=spec.elastic.max_ps,
+        batch_size=spec.training.batch_size,
+        worker_memory_floor_mb=max(
+            settings.node.min_memory_mb, min_worker_memory_mb(spec.model, spec.training)
+        ),
+        ps_state_mb=one_ps - RUNTIME_MB,
+        dataset_rows=spec.dataset_rows,
+        node=settings.node,
+    )
+
+
+def round_up(value: float, step: float) -> float:
+    """Round up to a multiple of ``step`` (with a tolerance for float noise)."""
+    return math.ceil(value / step - 1e-9) * step
+
+
+def round_down(value: float, step: float) -> float:
+    return math.floor(value / step + 1e-9) * step
+
+
+def clamp_cpu(cpu: float, node: NodeLimits) -> float:
+    return min(node.max_cpu, max(node.min_cpu, round_up(cpu, node.cpu_step)))
+
+
+def clamp_memory(memory_mb: float, node: NodeLimits) -> int:
+    rounded = int(round_up(memory_mb, node.memory_step_mb))
+    return min(node.max_memory_mb, max(node.min_memory_mb, rounded))

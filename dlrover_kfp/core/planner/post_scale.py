@@ -1,0 +1,330 @@
+"""Stage 3: post-scaling, the rules that react to instability in a running job.
+
+Each rule is a pure function of the recent samples and events and returns node actions; the
+runtime applies them. Rules, in the order they are checked (a pod gets at most one action):
+
+- OOM reaction: a pod was OOM-killed -> relaunch it with memory x ``oom_memory_factor``
+  (at most +``oom_max_step_mb``). A PS OOM while PS memory is balanced adds PS instead: the
+  rows re-partition, so every PS holds fewer (DLRover's rule).
+- OOM prevention: a least-squares line through a pod's last ``oom_trend_samples`` memory
+  readings reaches ``oom_threshold`` of its limit within ``oom_horizon_s`` -> relaunch it
+  with the predicted need x ``oom_prevention_headroom`` before it dies.
+- Hot PS: CPU used / requested > ``hot_ps_utilization`` for ``hot_ps_samples`` samples in a
+  row -> migrate it to a pod with ``hot_ps_cpu_growth`` x the CPU, without stopping training.
+- Slow worker: its throughput below ``straggler_ratio`` x its peers' median for
+  ``straggler_samples`` samples -> its shards go back to the queue for the others to pull;
+  after ``straggler_replace_samples`` it is replaced.
+- Pending too long: a pod pending more than ``pending_timeout_s`` -> relaunch it smaller.
+
+Growth stays inside the quota: when the quota has no room, workers are given up first (the
+job runs slower rather than dying); a group's size in the plan is what new pods of the role
+get, and the actions name the pods to replace now.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from dlrover_kfp.core.plan import NodeAction, NodeGroup, ResourcePlan, Stage
+from dlrover_kfp.core.planner.context import PlanningContext, clamp_cpu, clamp_memory
+from dlrover_kfp.core.planner.settings import PlannerSettings, PostScaleSettings
+from dlrover_kfp.core.profile import JobEvent, NodeSample, RuntimeSample
+
+
+@dataclass(frozen=True, slots=True)
+class Instability:
+    """What the runtime observed since the last post-scaling decision."""
+
+    samples: Sequence[RuntimeSample]
+    events: Sequence[JobEvent] = ()
+    #: pods pending (not yet running) and for how many seconds
+    pending_s: Mapping[str, float] | None = None
+
+
+def _series(samples: Sequence[RuntimeSample]) -> dict[str, list[tuple[float, NodeSample]]]:
+    out: dict[str, list[tuple[float, NodeSample]]] = {}
+    for s in samples:
+        for n in s.nodes:
+            out.setdefault(n.name, []).append((s.time, n))
+    return out
+
+
+def _trend_slope(points: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of y over t:  b = Σ(t-t̄)(y-ȳ) / Σ(t-t̄)²."""
+    t_mean = statistics.fmean(t for t, _ in points)
+    y_mean = statistics.fmean(y for _, y in points)
+    den = sum((t - t_mean) ** 2 for t, _ in points)
+    if den == 0:
+        return 0.0
+    return sum((t - t_mean) * (y - y_mean) for t, y in points) / den
+
+
+def oom_reactions(
+    events: Sequence[JobEvent],
+    latest: Mapping[str, NodeSample],
+    groups: Mapping[str, NodeGroup],
+    s: PostScaleSettings,
+    ctx: PlanningContext,
+) -> list[NodeAction]:
+    actions = []
+    for event in events:
+        if event.kind != "oom" or event.node is None or event.node in {a.node for a in actions}:
+            continue
+        node = latest.get(event.node)
+        role = node.role if node else ("ps" if "-ps-" in event.node else "worker")
+        requested = node.memory_requested_mb if node else groups[role].memory_mb
+        grown = min(requested * s.oom_memory_factor, requested + s.oom_max_step_mb)
+        actions.append(
+            NodeAction(
+                kind="relaunch",
+                node=event.node,
+                memory_mb=clamp_memory(grown, ctx.node),
+                reason=f"OOM-killed at {requested}Mi: relaunch with x{s.oom_memory_factor:g} "
+                f"memory (at most +{s.oom_max_step_mb}Mi)",
+            )
+        )
+    return actions
+
+
+def ps_oom_adds_ps(latest: Mapping[str, NodeSample], s: PostScaleSettings) -> bool:
+    """PS memory balanced across PS: (max - mean) / max <= ps_memory_balance."""
+    used = [n.memory_used_mb for n in latest.values() if n.role == "ps"]
+    if len(used) < 1 or max(used) == 0:
+        return False
+    return (max(used) - statistics.fmean(used)) / max(used) <= s.ps_memory_balance
+
+
+def oom_predictions(
+    series: Mapping[str, list[tuple[float, NodeSample]]],
+    now: float,
+    s: PostScaleSettings,
+    ctx: PlanningContext,
+) -> list[NodeAction]:
+    actions = []
+    for name, points in series.items():
+        recent = points[-s.oom_trend_samples :]
+        if len(recent) < s.oom_trend_samples:
+            continue
+        limit = recent[-1][1].memory_requested_mb
+        slope = _trend_slope([(t, n.memory_used_mb) for t, n in recent])
+        if slope <= 0 or limit <= 0:
+            continue
+        t_last, last = recent[-1]
+        predicted = last.memory_used_mb + slope * (now + s.oom_horizon_s - t_last)
+        if predicted < s.oom_threshold * limit:
+            continue
+        eta = max(0.0, (limit - last.memory_used_mb) / slope)
+        actions.append(
+            NodeAction(
+                kind="relaunch",
+                node=name,
+                memory_mb=clamp_memory(max(predicted * s.oom_prevention_headroom, limit + 1), ctx.node),
+                reason=f"memory grows {slope * 60:.0f}Mi/min and reaches its {limit}Mi limit in "
+                f"~{eta:.0f}s: relaunch bigger before it is OOM-killed",
+            )
+        )
+    return actions
+
+
+def hot_ps(
+    series: Mapping[str, list[tuple[float, NodeSample]]],
+    s: PostScaleSettings,
+    ctx: PlanningContext,
+) -> list[NodeAction]:
+    actions = []
+    for name, points in series.items():
+        recent = [n for _, n in points[-s.hot_ps_samples :]]
+        if len(recent) < s.hot_ps_samples or recent[-1].role != "ps":
+            continue
+        utils = [n.cpu_used / n.cpu_requested for n in recent if n.cpu_requested > 0]
+        if len(utils) == len(recent) and min(utils) > s.hot_ps_utilization:
+            requested = recent[-1].cpu_requested
+            actions.append(
+                NodeAction(
+                    kind="migrate_ps",
+                    node=name,
+                    cpu=clamp_cpu(requested * s.hot_ps_cpu_growth, ctx.node),
+                    reason=f"hot PS: CPU above {s.hot_ps_utilization:.0%} of {requested:g} cores "
+                    f"for {len(utils)} samples (min {min(utils):.0%}): migrate to a bigger pod",
+                )
+            )
+    return actions
+
+
+def slow_workers(samples: Sequence[RuntimeSample], s: PostScaleSettings) -> list[NodeAction]:
+    """Workers slower than ``straggler_ratio`` x their peers' median in each recent sample."""
+    recent = samples[-s.straggler_replace_samples :]
+    streak: dict[str, int] = {}
+    for sample in recent:
+        speeds = {n.name: n.throughput for n in sample.nodes if n.role == "worker" and n.throughput is not None}
+        if len(speeds) < 2:
+            streak.clear()
+            continue
+        for name, speed in speeds.items():
+            peers = statistics.median(v for k, v in speeds.items() if k != name)
+            slow = peers > 0 and speed < s.straggler_ratio * peers
+            streak[name] = streak.get(name, 0) + 1 if slow else 0
+    actions = []
+    for name, count in sorted(streak.items()):
+        if count >= s.straggler_replace_samples:
+            actions.append(
+                NodeAction(
+                    kind="replace_worker",
+                    node=name,
+                    reason=f"straggler for {count} samples (below {s.straggler_ratio:.0%} of its "
+                    f"peers' median): replace it",
+                )
+            )
+        elif count >= s.straggler_samples:
+            actions.append(
+                NodeAction(
+                    kind="reassign_shards",
+                    node=name,
+                    reason=f"straggler for {count} samples (below {s.straggler_ratio:.0%} of its "
+                    f"peers' median): its shards go to faster workers",
+                )
+            )
+    return actions
+
+
+def pending_too_long(
+    pending_s: Mapping[str, float],
+    groups: Mapping[str, NodeGroup],
+    s: PostScaleSettings,
+    ctx: PlanningContext,
+) -> list[NodeAction]:
+    actions = []
+    for name, waited in sorted(pending_s.items()):
+        if waited <= s.pending_timeout_s:
+            continue
+        role = "ps" if "-ps-" in name else "worker"
+        group = groups[role]
+        floor = ctx.worker_memory_floor_mb if role == "worker" else ctx.ps_memory_floor_mb(group.count)
+        actions.append(
+            NodeAction(
+                kind="relaunch",
+                node=name,
+                cpu=clamp_cpu(group.cpu * s.pending_shrink, ctx.node),
+                memory_mb=clamp_memory(max(floor, group.memory_mb * s.pending_shrink), ctx.node),
+                reason=f"pending {waited:.0f}s (> {s.pending_timeout_s:.0f}s): relaunch smaller so "
+                f"that it fits a node",
+            )
+        )
+    return actions
+
+
+def post_scale(
+    ctx: PlanningContext,
+    current: ResourcePlan,
+    observed: Instability,
+    now: float,
+    settings: PlannerSettings,
+) -> ResourcePlan | None:
+    """The post-scaling plan for what was observed, or None when all is well."""
+    s = settings.post_scale
+    series = _series(observed.samples)
+    latest = {name: points[-1][1] for name, points in series.items()}
+    groups = {"worker": current.workers, "ps": current.ps}
+
+    actions: list[NodeAction] = []
+    taken: set[str] = set()
+    workers, ps = current.workers, current.ps
+
+    def take(new: Sequence[NodeAction]) -> None:
+        for a in new:
+            if a.node not in taken:
+                actions.append(a)
+                taken.add(a.node)
+
+    ooms = oom_reactions(observed.events, latest, groups, s, ctx)
+    ps_ooms = [a for a in ooms if _role(a.node, latest) == "ps"]
+    if ps_ooms and ps_oom_adds_ps(latest, s) and ps.count * 2 <= ctx.max_ps:
+        added = ps.count
+        ps = NodeGroup(count=ps.count * 2, cpu=ps.cpu, memory_mb=ps.memory_mb)
+        take(
+            [
+                NodeAction(
+                    kind="relaunch",
+                    node=a.node,
+                    memory_mb=ps.memory_mb,
+                    reason=f"PS OOM-killed with balanced PS memory: add {added} PS so that rows "
+                    f"re-partition and each holds half",
+                )
+                for a in ps_ooms
+            ]
+        )
+        ooms = [a for a in ooms if a not in ps_ooms]
+    take(ooms)
+    take(oom_predictions(series, now, s, ctx))
+    take(hot_ps(series, s, ctx))
+    take(slow_workers(observed.samples, s))
+    take(pending_too_long(observed.pending_s or {}, groups, s, ctx))
+    if not actions:
+        return None
+
+    # A group's size is what new pods of the role get: it follows the replacements.
+    pending = observed.pending_s or {}
+    for a in actions:
+        role = _role(a.node, latest)
+        group = workers if role == "worker" else ps
+        if a.kind == "migrate_ps" and a.cpu is not None:
+            group = NodeGroup(count=group.count, cpu=max(group.cpu, a.cpu), memory_mb=group.memory_mb)
+        elif a.kind == "relaunch" and a.node in pending:
+            group = NodeGroup(
+                count=group.count,
+                cpu=min(group.cpu, a.cpu or group.cpu),
+                memory_mb=min(group.memory_mb, a.memory_mb or group.memory_mb),
+            )
+        elif a.kind == "relaunch" and a.memory_mb is not None:
+            group = NodeGroup(
+                count=group.count, cpu=group.cpu, memory_mb=max(group.memory_mb, a.memory_mb)
+            )
+        if role == "worker":
+            workers = group
+        else:
+            ps = group
+    workers, ps, note = _make_room(workers, ps, ctx)
+    return ResourcePlan(
+        workers=workers,
+        ps=ps,
+        stage=Stage.POST_SCALE,
+        reason="; ".join(f"{a.node}: {a.reason}" for a in actions) + note,
+        actions=tuple(actions),
+    )
+
+
+def _role(node: str, latest: Mapping[str, NodeSample]) -> str:
+    if node in latest:
+        return latest[node].role
+    return "ps" if "-ps-" in node else "worker"
+
+
+def _make_room(
+    workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext
+) -> tuple[NodeGroup, NodeGroup, str]:
+    """Give up workers until the plan fits the quota (never below the minimum)."""
+    count = workers.count
+    while count > ctx.min_workers and (
+        count * workers.cpu + ps.total_cpu > ctx.quota_cpu + 1e-9
+        or count * workers.memory_mb + ps.total_memory_mb > ctx.quota_memory_mb
+    ):
+        count -= 1
+    note = "" if count == workers.count else f"; {workers.count - count} worker(s) given up for quota room"
+    fitted = NodeGroup(count=count, cpu=workers.cpu, memory_mb=workers.memory_mb)
+    if (
+        fitted.total_cpu + ps.total_cpu > ctx.quota_cpu + 1e-9
+        or fitted.total_memory_mb + ps.total_memory_mb > ctx.quota_memory_mb
+    ):
+        # Even the minimum does not fit: shrink the PS growth back to what fits.
+        cpu_room = (ctx.quota_cpu - fitted.total_cpu) / max(1, ps.count)
+        mem_room = (ctx.quota_memory_mb - fitted.total_memory_mb) // max(1, ps.count)
+        ps = NodeGroup(
+            count=ps.count,
+            cpu=max(ctx.node.min_cpu, math.floor(min(ps.cpu, cpu_room) / ctx.node.cpu_step) * ctx.node.cpu_step),
+            memory_mb=int(min(ps.memory_mb, mem_room)),
+        )
+        note += "; quota exhausted: PS growth capped"
+    return fitted, ps, note

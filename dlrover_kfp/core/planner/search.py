@@ -1,0 +1,158 @@
+"""Search the configurations a job may run with for the best and the cheapest near-best one.
+
+Shared by warm start (with a model fitted on history) and auto-scaling (with a model fitted on
+the running job). The space is small enough to evaluate whole: workers x PS x a ladder of CPU
+sizes per role, a few tens of thousands of points, vectorised in numpy in about a millisecond.
+
+    best    = argmax_c  X(c)                       over feasible c (quota, elastic bounds)
+    target  = argmin_c  cost(c)  s.t. X(c) >= near_optimal · X(best)
+    cost(c) = max(cpu(c) / quota_cpu, memory(c) / quota_memory)   (dominant share)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlrover_kfp.core.observation import Config
+from dlrover_kfp.core.perf_model import PerfModel
+from dlrover_kfp.core.planner.context import PlanningContext
+from dlrover_kfp.errors import PermanentError
+
+#: Per-pod CPU sizes the search considers (cores), besides the current ones and the caps.
+CPU_LADDER = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
+
+
+class InfeasiblePlanError(PermanentError):
+    """No configuration fits the quota with the memory the job needs."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryNeeds:
+    """Memory per pod a plan must give (MiB). PS memory shrinks as PS are added:
+
+    ps_memory(p) = ps_fixed_mb + ps_state_mb / p
+    """
+
+    worker_mb: int
+    ps_fixed_mb: int
+    ps_state_mb: int
+    ps_min_mb: int = 0
+
+    def ps_mb(self, ps_count: int) -> int:
+        return max(self.ps_min_mb, self.ps_fixed_mb + math.ceil(self.ps_state_mb / max(1, ps_count)))
+
+
+@dataclass(frozen=True, slots=True)
+class CpuBounds:
+    """Floors that usage sets on CPU, whatever the model says.
+
+    A pod given less than it uses on average certainly runs slower, so plans keep
+    ``λw >= worker_floor`` and, since PS work grows with the samples processed,
+    ``p · λp >= ps_cores_per_sample · X · (1 + headroom)`` for the predicted throughput X.
+    (Averages understate bursts, so usage is a floor, never a cap: whether fewer cores
+    than given are enough is learned by measuring, see auto_scale.)
+    """
+
+    worker_floor: float = 0.0
+    ps_cores_per_sample: float | None = None
+    headroom: float = 0.25
+    #: Per-pod CPU above which a role was measured to gain nothing (usage.cpu_saturation):
+    #: bigger pods are not considered.
+    worker_cap: float | None = None
+    ps_cap: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    config: Config
+    worker_memory_mb: int
+    ps_memory_mb: int
+    throughput: float
+    cost: float
+
+    @property
+    def total_cpu(self) -> float:
+        return self.config.total_cpu
+
+    @property
+    def total_memory_mb(self) -> int:
+        c = self.config
+        return c.workers * self.worker_memory_mb + c.ps * self.ps_memory_mb
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    best: Candidate
+    target: Candidate
+
+
+def _ladder(
+    ctx: PlanningContext, extra: Sequence[float], floor: float, cap: float | None
+) -> np.ndarray:
+    node = ctx.node
+    values = {v for v in CPU_LADDER if node.min_cpu <= v <= node.max_cpu}
+    values.update(v for v in extra if node.min_cpu <= v <= node.max_cpu)
+    if floor > 0:
+        lowest = min(node.max_cpu, math.ceil(floor / node.cpu_step - 1e-9) * node.cpu_step)
+        values = {v for v in values if v >= lowest} | {max(node.min_cpu, lowest)}
+    if cap is not None:
+        values = {v for v in values if v <= cap + 1e-9} or {min(values)}
+    return np.array(sorted(values), dtype=float)
+
+
+def search(
+    model: PerfModel,
+    ctx: PlanningContext,
+    memory: MemoryNeeds,
+    bounds: CpuBounds,
+    near_optimal: float,
+    include: Sequence[Config] = (),
+) -> SearchResult:
+    """Best and target candidates over the whole feasible space (see module docstring)."""
+    w_values = np.arange(ctx.min_workers, ctx.max_workers + 1)
+    p_values = np.arange(ctx.min_ps, ctx.max_ps + 1)
+    lw_values = _ladder(
+        ctx, [c.worker_cpu for c in include], bounds.worker_floor, bounds.worker_cap
+    )
+    lp_values = _ladder(ctx, [c.ps_cpu for c in include], 0.0, bounds.ps_cap)
+    w, p, lw, lp = (a.ravel() for a in np.meshgrid(w_values, p_values, lw_values, lp_values))
+    ps_mem = np.array([memory.ps_mb(int(n)) for n in p_values])[p - ctx.min_ps]
+    cpu = w * lw + p * lp
+    mem = w * memory.worker_mb + p * ps_mem
+    feasible = (cpu <= ctx.quota_cpu + 1e-9) & (mem <= ctx.quota_memory_mb)
+    if not feasible.any():
+        raise InfeasiblePlanError(
+            f"no configuration fits the quota (cpu {ctx.quota_cpu:g}, memory "
+            f"{ctx.quota_memory_mb}Mi): one worker needs {memory.worker_mb}Mi and one PS "
+            f"{memory.ps_mb(ctx.min_ps)}Mi"
+        )
+    w, p, lw, lp, ps_mem, cpu, mem = (a[feasible] for a in (w, p, lw, lp, ps_mem, cpu, mem))
+    x = model.throughput_many(w, p, lw, lp, ctx.batch_size)
+    if bounds.ps_cores_per_sample is not None:
+        # PS demand floor: p · λp >= k · X · (1 + headroom); plans below it would starve the PS.
+        enough = p * lp >= bounds.ps_cores_per_sample * x * (1 + bounds.headroom)
+        if enough.any():
+            w, p, lw, lp, ps_mem, cpu, mem, x = (
+                a[enough] for a in (w, p, lw, lp, ps_mem, cpu, mem, x)
+            )
+    cost = np.maximum(cpu / ctx.quota_cpu, mem / ctx.quota_memory_mb)
+    i_best = int(np.argmax(x))
+    near = np.flatnonzero(x >= near_optimal * x[i_best])
+    # cheapest near-best; among equally cheap, the fastest
+    order = np.lexsort((-x[near], np.round(cost[near], 9)))
+    i_target = int(near[order[0]])
+
+    def candidate(i: int) -> Candidate:
+        return Candidate(
+            config=Config(int(w[i]), int(p[i]), float(lw[i]), float(lp[i])),
+            worker_memory_mb=memory.worker_mb,
+            ps_memory_mb=int(ps_mem[i]),
+            throughput=float(x[i]),
+            cost=float(cost[i]),
+        )
+
+    return SearchResult(best=candidate(i_best), target=candidate(i_target))

@@ -1,0 +1,155 @@
+"""Every threshold of the three planning stages, in one place, with its default and why.
+
+Settings are frozen and read once at the edge (the CLI, a component, the runtime's start-up);
+the planning functions take them as an argument and read nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dlrover_kfp.core.perf_model import FitSettings
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLimits:
+    """Clamps on one pod. DLRover's master clamps CPU to 4-32 and memory to 6-64 GiB for
+    production pods; we allow smaller pods (CPU 0.5, 512 MiB) because small DLRM jobs fit them."""
+
+    min_cpu: float = 0.5
+    max_cpu: float = 32.0
+    min_memory_mb: int = 512
+    max_memory_mb: int = 64 * 1024
+    #: CPU is planned in steps of this many cores (Kubernetes schedules millicores, but plans
+    #: that differ by 0.1 core are noise; half cores keep plans stable and readable).
+    cpu_step: float = 0.5
+    #: Memory is planned in steps of this many MiB.
+    memory_step_mb: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultQuota:
+    """The quota assumed when a spec sets no ``resources.limits``: a modest share of a node
+    pool, so that an unconstrained job cannot plan itself onto the whole cluster."""
+
+    cpu: float = 32.0
+    memory_mb: int = 128 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ColdStartSettings:
+    """A job with no similar history and no resources of its own starts small and safe;
+    Stage 2 grows it. (DLRover's default: 2 workers + 1 PS.)"""
+
+    workers: int = 2
+    #: CPU per pod: this share of the quota, within the clamps below.
+    cpu_quota_share: float = 1 / 8
+    min_cpu: float = 1.0
+    max_cpu: float = 8.0
+    #: Memory: the model's footprint floor times this factor.
+    memory_factor: float = 1.5
+
+
+@dataclass(frozen=True, slots=True)
+class WarmStartSettings:
+    #: Only jobs started within this many days count (DLRover's brain: 7; weekly jobs need more).
+    window_days: float = 30.0
+    #: At most this many of the newest similar jobs are used.
+    max_jobs: int = 20
+    #: Without a scenario key, jobs whose dataset size differs by more than this factor are not
+    #: similar even when the model shape matches.
+    dataset_scale_tolerance: float = 4.0
+    #: CPU per pod = peak observed use x (1 + margin): at least the peak, with headroom for bursts.
+    cpu_margin: float = 0.25
+    #: Worker memory = peak x (1 + margin). DLRover's brain: 1.5 x max for the first worker.
+    worker_memory_margin: float = 0.5
+    #: PS memory = peak x (1 + margin). DLRover: 1.2 x max.
+    ps_memory_margin: float = 0.2
+    #: Memory factor on top when a similar job ran out of memory.
+    oom_memory_factor: float = 1.5
+    #: Plan counts from a model fitted on the history when it spans this many configurations;
+    #: with fewer, keep the counts the jobs ran with and right-size each pod.
+    min_configs_for_model: int = 4
+
+
+@dataclass(frozen=True, slots=True)
+class AutoScaleSettings:
+    #: Samples needed at the current configuration before deciding (DLRover: 5 step samples).
+    min_samples: int = 5
+    #: Seconds between two plans (DLRover: 300 s since the last plan).
+    min_interval_s: float = 300.0
+    #: The target is the cheapest configuration whose predicted throughput is at least this
+    #: share of the best one reachable within the quota: give up <= 3% speed to save resources.
+    near_optimal: float = 0.97
+    #: A move must promise this much more throughput ...
+    min_gain: float = 0.05
+    #: ... or save this share of the job's cost (dominant resource share) ...
+    min_saving: float = 0.10
+    #: ... while losing at most this share of throughput.
+    max_loss: float = 0.03
+    #: Bounds on one step, so that a wrong model costs one short detour, not a disaster.
+    #: DLRover grows workers by at most 8 per step.
+    max_worker_step: int = 8
+    max_ps_step: int = 2
+    #: Per-pod CPU may at most grow by this factor in one step.
+    max_cpu_growth: float = 2.0
+    #: A role whose pods use less than this share of their CPU leaves CPU idle: if the model
+    #: has never seen it with less, a give-back probe tries fewer cores and measures.
+    busy_utilization: float = 0.8
+    #: A probe cuts a role's CPU per pod to this share of what it has ...
+    probe_factor: float = 0.5
+    #: ... but never below its mean use x (1 + headroom) (averages understate bursts).
+    idle_headroom: float = 0.25
+    #: Roll back a growth step when throughput falls this much after it (DLRover: 20%) ...
+    rollback_drop: float = 0.2
+    #: ... and a give-back step (or probe) when it costs more than this: giving back is only
+    #: worth it when the job keeps its speed. Above the noise of a 5-sample mean (~1-2%).
+    give_back_tolerance: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class PostScaleSettings:
+    #: Hot PS: CPU used / requested above this for ``hot_ps_samples`` samples in a row
+    #: (DLRover's brain: 0.8 over 3 samples).
+    hot_ps_utilization: float = 0.8
+    hot_ps_samples: int = 3
+    #: The hot PS moves to a pod with this many times its CPU.
+    hot_ps_cpu_growth: float = 2.0
+    #: Slow worker: its throughput below this share of its peers' median ...
+    straggler_ratio: float = 0.5
+    #: ... for this many samples in a row: its shards flow to the others ...
+    straggler_samples: int = 3
+    #: ... and after this many it is replaced by a new pod.
+    straggler_replace_samples: int = 6
+    #: OOM prevention: extrapolate each pod's memory over the last ``oom_trend_samples`` samples
+    #: to ``oom_horizon_s`` ahead (one planning interval); relaunch it bigger when that reaches
+    #: ``oom_threshold`` of its limit.
+    oom_trend_samples: int = 4
+    oom_horizon_s: float = 300.0
+    oom_threshold: float = 0.95
+    #: New memory after a predicted OOM: the predicted need x this factor.
+    oom_prevention_headroom: float = 1.25
+    #: After a real OOM: memory x this factor (DLRover: x2) ...
+    oom_memory_factor: float = 2.0
+    #: ... growing by at most this much per relaunch (DLRover: +8 GiB).
+    oom_max_step_mb: int = 8 * 1024
+    #: A PS OOM with balanced PS memory (spread below this share) adds PS instead of memory:
+    #: the rows re-partition, so each PS holds fewer.
+    ps_memory_balance: float = 0.2
+    #: Pending longer than this (seconds) -> relaunch with CPU and memory scaled by the factor
+    #: (DLRover: 900 s, halved).
+    pending_timeout_s: float = 900.0
+    pending_shrink: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSettings:
+    node: NodeLimits = field(default_factory=NodeLimits)
+    default_quota: DefaultQuota = field(default_factory=DefaultQuota)
+    cold_start: ColdStartSettings = field(default_factory=ColdStartSettings)
+    warm_start: WarmStartSettings = field(default_factory=WarmStartSettings)
+    auto_scale: AutoScaleSettings = field(default_factory=AutoScaleSettings)
+    post_scale: PostScaleSettings = field(default_factory=PostScaleSettings)
+    #: Two configurations already tell a slope along the one dimension they differ in (the
+    #: fit pins the rest to the prior), which a running job needs after its first step.
+    model_fit: FitSettings = field(default_factory=lambda: FitSettings(min_configs_for_full_fit=2))

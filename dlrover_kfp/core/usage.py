@@ -1,0 +1,116 @@
+"""What runtime samples say: throughput per configuration, and how much of its CPU a role uses."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+
+from dlrover_kfp.core.observation import Config, Observation
+from dlrover_kfp.core.profile import RuntimeSample
+
+
+def config_of(sample: RuntimeSample) -> Config:
+    return Config(sample.workers, sample.ps, sample.worker_cpu, sample.ps_cpu)
+
+
+def observations_from_samples(
+    samples: Sequence[RuntimeSample], batch_size: int
+) -> tuple[Observation, ...]:
+    """Mean throughput and mean CPU used per pod, per distinct configuration, in order of
+    first appearance. Samples with no throughput (start-up, a stalled job) say nothing about
+    speed and are left out."""
+    by_config: dict[Config, list[RuntimeSample]] = defaultdict(list)
+    for s in samples:
+        if s.throughput > 0 and s.workers > 0 and s.ps > 0:
+            by_config[config_of(s)].append(s)
+    result = []
+    for config, group in by_config.items():
+        w_used = [n.cpu_used for s in group for n in s.nodes if n.role == "worker"]
+        p_used = [n.cpu_used for s in group for n in s.nodes if n.role == "ps"]
+        result.append(
+            Observation(
+                config=config,
+                batch_size=batch_size,
+                throughput=statistics.fmean(s.throughput for s in group),
+                worker_cpu_used=statistics.fmean(w_used) if w_used else None,
+                ps_cpu_used=statistics.fmean(p_used) if p_used else None,
+            )
+        )
+    return tuple(result)
+
+
+def worker_cpu_floor(observations: Sequence[Observation], current: Config, headroom: float) -> float:
+    """Mean cores a worker uses at the current configuration, with headroom: a plan that gives
+    less would certainly slow it down. 0 when unknown."""
+    now = [o for o in observations if o.config == current and o.worker_cpu_used is not None]
+    if not now or now[-1].worker_cpu_used is None:
+        return 0.0
+    return now[-1].worker_cpu_used * (1 + headroom)
+
+
+def ps_cores_per_sample(observations: Sequence[Observation]) -> float | None:
+    """PS CPU (all PS together) used per sample/s, the largest seen: k = max(p · u_p / X)."""
+    ratios = [
+        o.config.ps * o.ps_cpu_used / o.throughput
+        for o in observations
+        if o.ps_cpu_used is not None and o.throughput > 0
+    ]
+    return max(ratios) if ratios else None
+
+
+def peak_memory_mb(samples: Sequence[RuntimeSample], role: str) -> int:
+    return max((n.memory_used_mb for s in samples for n in s.nodes if n.role == role), default=0)
+
+
+def cpu_saturation(
+    observations: Sequence[Observation], min_gain: float
+) -> tuple[float | None, float | None]:
+    """Per-pod CPU beyond which a role was *measured* to gain nothing: (worker cap, PS cap).
+
+    Two configurations with the same pod counts, the second with at least as much CPU per
+    pod in both roles and more in one or both, whose throughput differs by less than
+    ``min_gain``: the extra cores bought nothing, so the role (or both) is saturated at the
+    lower value (a thread limit, a bottleneck elsewhere). Unlike average use, which understates
+    bursts, this is a measurement of the very thing the planner wants to know.
+    """
+    caps: list[float | None] = [None, None]
+    for a in observations:
+        for b in observations:
+            ca, cb = a.config, b.config
+            if (ca.workers, ca.ps) != (cb.workers, cb.ps):
+                continue
+            more_w, more_p = cb.worker_cpu > ca.worker_cpu, cb.ps_cpu > ca.ps_cpu
+            if not (more_w or more_p) or cb.worker_cpu < ca.worker_cpu or cb.ps_cpu < ca.ps_cpu:
+                continue
+            if b.throughput >= a.throughput * (1 + min_gain):
+                continue
+            for i, (more, value) in enumerate(((more_w, ca.worker_cpu), (more_p, ca.ps_cpu))):
+                current = caps[i]
+                if more and (current is None or value < current):
+                    caps[i] = value
+    return caps[0], caps[1]
+
+
+def capped_observations(
+    observations: Sequence[Observation], worker_cap: float | None, ps_cap: float | None
+) -> tuple[Observation, ...]:
+    """Observations with per-pod CPU cut to the measured saturation points, so that the model
+    does not credit cores that were shown to buy nothing."""
+    if worker_cap is None and ps_cap is None:
+        return tuple(observations)
+    out = []
+    for o in observations:
+        c = o.config
+        lw = c.worker_cpu if worker_cap is None else min(c.worker_cpu, worker_cap)
+        lp = c.ps_cpu if ps_cap is None else min(c.ps_cpu, ps_cap)
+        out.append(
+            Observation(
+                Config(c.workers, c.ps, lw, lp),
+                o.batch_size,
+                o.throughput,
+                o.worker_cpu_used,
+                o.ps_cpu_used,
+            )
+        )
+    return tuple(out)
