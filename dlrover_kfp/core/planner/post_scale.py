@@ -74,7 +74,7 @@ def oom_reactions(
         if event.kind != "oom" or event.node is None or event.node in {a.node for a in actions}:
             continue
         node = latest.get(event.node)
-        role = node.role if node else ("ps" if "-ps-" in event.node else "worker")
+        role = node.role if node else _role(event.node, latest)
         requested = node.memory_requested_mb if node else groups[role].memory_mb
         grown = min(requested * s.oom_memory_factor, requested + s.oom_max_step_mb)
         actions.append(
@@ -200,7 +200,7 @@ def pending_too_long(
     for name, waited in sorted(pending_s.items()):
         if waited <= s.pending_timeout_s:
             continue
-        role = "ps" if "-ps-" in name else "worker"
+        role = _role(name, {})
         group = groups[role]
         floor = ctx.worker_memory_floor_mb if role == "worker" else ctx.ps_memory_floor_mb(group.count)
         actions.append(
@@ -299,7 +299,7 @@ def post_scale(
 def _role(node: str, latest: Mapping[str, NodeSample]) -> str:
     if node in latest:
         return latest[node].role
-    return "ps" if "-ps-" in node else "worker"
+    return "ps" if "ps" in node.split("-") else "worker"
 
 
 def _make_room(

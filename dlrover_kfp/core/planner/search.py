@@ -112,7 +112,28 @@ def search(
     near_optimal: float,
     include: Sequence[Config] = (),
 ) -> SearchResult:
-    """Best and target candidates over the whole feasible space (see module docstring)."""
+    """Best and target candidates over the whole feasible space (see module docstring).
+
+    The quota wins over usage floors: when no configuration fits with them, the search runs
+    again without them (the caller's plan is then below observed use, and says so).
+    """
+    try:
+        return _search(model, ctx, memory, bounds, near_optimal, include)
+    except InfeasiblePlanError:
+        if bounds.worker_floor <= 0 and bounds.ps_cores_per_sample is None:
+            raise
+        relaxed = CpuBounds(headroom=bounds.headroom, worker_cap=bounds.worker_cap, ps_cap=bounds.ps_cap)
+        return _search(model, ctx, memory, relaxed, near_optimal, include)
+
+
+def _search(
+    model: PerfModel,
+    ctx: PlanningContext,
+    memory: MemoryNeeds,
+    bounds: CpuBounds,
+    near_optimal: float,
+    include: Sequence[Config],
+) -> SearchResult:
     w_values = np.arange(ctx.min_workers, ctx.max_workers + 1)
     p_values = np.arange(ctx.min_ps, ctx.max_ps + 1)
     lw_values = _ladder(

@@ -193,7 +193,11 @@ def warm_start(
             ps_cpu,
         )
         how = "their pod counts, pods sized from peak use"
-    ps_mb = clamp_memory(max(memory.ps_mb(cfg.ps), peak_p_mem * (1 + ws.ps_memory_margin)), node)
+    # No PS gets less than a PS was seen to use, unless the plan has more PS than those jobs
+    # had: then the rows re-partition and the state-based figure already covers each share.
+    fewest_ps = min(j.ps.count for j in jobs)
+    per_ps_peak = peak_p_mem * (1 + ws.ps_memory_margin) if cfg.ps <= fewest_ps else 0
+    ps_mb = clamp_memory(max(memory.ps_mb(cfg.ps), per_ps_peak), node)
     w_group, p_group = _fit_quota(
         NodeGroup(count=cfg.workers, cpu=cfg.worker_cpu, memory_mb=worker_mb),
         NodeGroup(count=cfg.ps, cpu=max(cfg.ps_cpu, ps_cpu), memory_mb=ps_mb),

@@ -1,0 +1,197 @@
+"""Stage 3: the post-scaling rules, each on the instability it is for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
+from dlrover_kfp.core.planner import Instability, PlannerSettings, context_from_spec, post_scale
+from dlrover_kfp.core.profile import JobEvent, NodeSample, RuntimeSample
+from dlrover_kfp.core.spec import JobSpec
+
+SETTINGS = PlannerSettings()
+S = SETTINGS.post_scale
+
+SPEC = JobSpec(
+    name="unstable",
+    model={"table_sizes": [100_000] * 8},  # type: ignore[arg-type]
+    data={"format": "synthetic", "rows": 1_000_000},  # type: ignore[arg-type]
+    training={"batch_size": 512},  # type: ignore[arg-type]
+    resources={"limits": {"cpu": 48, "memory": "96Gi"}},  # type: ignore[arg-type]
+)
+CTX = context_from_spec(SPEC, SETTINGS)
+PLAN = ResourcePlan(
+    workers=NodeGroup(count=4, cpu=4.0, memory_mb=4096),
+    ps=NodeGroup(count=2, cpu=4.0, memory_mb=8192),
+    stage=Stage.WARM_START,
+    reason="test",
+)
+
+
+def node(
+    name: str,
+    cpu: float = 2.0,
+    mem: int = 2000,
+    speed: float | None = 1000.0,
+    role: str | None = None,
+) -> NodeSample:
+    role = role or ("ps" if name.startswith("job-ps") else "worker")
+    group = PLAN.ps if role == "ps" else PLAN.workers
+    return NodeSample(
+        name=name,
+        role=role,  # type: ignore[arg-type]
+        cpu_used=cpu,
+        cpu_requested=group.cpu,
+        memory_used_mb=mem,
+        memory_requested_mb=group.memory_mb,
+        throughput=speed if role == "worker" else None,
+    )
+
+
+def samples(n: int, change: dict[str, object] | None = None, t0: float = 0.0) -> list[RuntimeSample]:
+    """n samples 30 s apart of a calm job; ``change`` maps a node name to a function of the
+    sample index returning its NodeSample."""
+    out = []
+    for i in range(n):
+        nodes = {f"job-worker-{k}": node(f"job-worker-{k}") for k in range(4)}
+        nodes |= {f"job-ps-{k}": node(f"job-ps-{k}") for k in range(2)}
+        for name, make in (change or {}).items():
+            nodes[name] = make(i)  # type: ignore[operator]
+        out.append(
+            RuntimeSample(
+                time=t0 + 30.0 * i,
+                global_step=100 * i,
+                throughput=4000.0,
+                workers=4,
+                ps=2,
+                worker_cpu=4.0,
+                ps_cpu=4.0,
+                nodes=tuple(nodes.values()),
+            )
+        )
+    return out
+
+
+def decide(window: Sequence[RuntimeSample], events: Sequence[JobEvent] = (), pending=None):  # type: ignore[no-untyped-def]
+    now = window[-1].time if window else 0.0
+    return post_scale(CTX, PLAN, Instability(window, events, pending), now, SETTINGS)
+
+
+def test_a_calm_job_gets_no_plan() -> None:
+    assert decide(samples(8)) is None
+
+
+def test_hot_ps_is_migrated_to_a_bigger_pod() -> None:
+    hot = {"job-ps-1": lambda i: node("job-ps-1", cpu=3.6)}  # 90% of 4 cores
+    plan = decide(samples(S.hot_ps_samples, hot))
+    assert plan is not None and plan.stage is Stage.POST_SCALE
+    (action,) = plan.actions
+    assert (action.kind, action.node, action.cpu) == ("migrate_ps", "job-ps-1", 8.0)
+    assert plan.ps.cpu == 8.0 and plan.total_cpu <= CTX.quota_cpu
+
+
+def test_hot_ps_needs_consecutive_samples() -> None:
+    blip = {"job-ps-1": lambda i: node("job-ps-1", cpu=3.6 if i != 1 else 1.0)}
+    assert decide(samples(S.hot_ps_samples, blip)) is None
+
+
+def test_real_oom_relaunches_with_double_memory() -> None:
+    event = JobEvent(time=60.0, kind="oom", node="job-worker-2", detail="OOMKilled")
+    plan = decide(samples(3), [event])
+    assert plan is not None
+    (action,) = plan.actions
+    assert (action.kind, action.node, action.memory_mb) == ("relaunch", "job-worker-2", 8192)
+    assert plan.workers.memory_mb == 8192
+
+
+def test_oom_growth_is_capped_per_relaunch() -> None:
+    big = ResourcePlan(
+        workers=NodeGroup(count=1, cpu=2.0, memory_mb=8192),
+        ps=NodeGroup(count=1, cpu=2.0, memory_mb=40 * 1024),
+        stage=Stage.WARM_START,
+        reason="test",
+    )
+    event = JobEvent(time=1.0, kind="oom", node="job-ps-0")
+    window = [
+        RuntimeSample(
+            time=0.0, global_step=0, throughput=1.0, workers=1, ps=1, worker_cpu=2.0, ps_cpu=2.0,
+            nodes=(NodeSample(name="job-ps-0", role="ps", cpu_used=1.0, cpu_requested=2.0,
+                              memory_used_mb=30000, memory_requested_mb=40 * 1024),
+                   NodeSample(name="job-ps-1", role="ps", cpu_used=1.0, cpu_requested=2.0,
+                              memory_used_mb=1000, memory_requested_mb=40 * 1024)),
+        )
+    ]
+    ctx = context_from_spec(
+        JobSpec(
+            name="big",
+            model={"table_sizes": [1000]},  # type: ignore[arg-type]
+            data={"format": "synthetic", "rows": 1000},  # type: ignore[arg-type]
+            training={"batch_size": 64},  # type: ignore[arg-type]
+            resources={"limits": {"cpu": 16, "memory": "256Gi"}},  # type: ignore[arg-type]
+        ),
+        SETTINGS,
+    )
+    plan = post_scale(ctx, big, Instability(window, [event]), 1.0, SETTINGS)
+    assert plan is not None
+    (action,) = plan.actions
+    assert action.memory_mb == 40 * 1024 + S.oom_max_step_mb  # not x2: at most +8 GiB
+
+
+def test_balanced_ps_oom_adds_ps_instead_of_memory() -> None:
+    event = JobEvent(time=60.0, kind="oom", node="job-ps-0")
+    plan = decide(samples(3), [event])  # both PS use 2000 MiB: balanced
+    assert plan is not None
+    assert plan.ps.count == 4 and plan.ps.memory_mb == PLAN.ps.memory_mb
+    assert "re-partition" in plan.actions[0].reason
+
+
+def test_memory_trend_relaunches_before_the_oom() -> None:
+    # worker 3 grows 200 MiB per 30 s sample: 3000 -> 3600 of 4096; the limit is reached in
+    # ~75 s, inside the next planning interval
+    leak = {"job-worker-3": lambda i: node("job-worker-3", mem=3000 + 200 * i)}
+    plan = decide(samples(S.oom_trend_samples, leak))
+    assert plan is not None
+    (action,) = plan.actions
+    assert action.kind == "relaunch" and action.node == "job-worker-3"
+    assert action.memory_mb is not None and action.memory_mb > 4096
+    assert "before it is OOM-killed" in action.reason
+
+
+def test_flat_memory_is_left_alone() -> None:
+    steady = {"job-worker-3": lambda i: node("job-worker-3", mem=3900)}  # high but flat
+    assert decide(samples(S.oom_trend_samples, steady)) is None
+
+
+def test_slow_worker_shards_flow_to_others_then_it_is_replaced() -> None:
+    slow = {"job-worker-1": lambda i: node("job-worker-1", speed=300.0)}
+    first = decide(samples(S.straggler_samples, slow))
+    assert first is not None
+    assert [(a.kind, a.node) for a in first.actions] == [("reassign_shards", "job-worker-1")]
+    later = decide(samples(S.straggler_replace_samples, slow))
+    assert later is not None
+    assert [(a.kind, a.node) for a in later.actions] == [("replace_worker", "job-worker-1")]
+
+
+def test_pending_too_long_relaunches_smaller() -> None:
+    plan = decide(samples(2), pending={"job-worker-3": S.pending_timeout_s + 1})
+    assert plan is not None
+    (action,) = plan.actions
+    assert action.kind == "relaunch" and action.cpu == 2.0
+    assert action.memory_mb is not None and action.memory_mb < PLAN.workers.memory_mb
+    assert decide(samples(2), pending={"job-worker-3": S.pending_timeout_s - 1}) is None
+
+
+def test_growth_inside_a_full_quota_gives_up_workers() -> None:
+    full = ResourcePlan(
+        workers=NodeGroup(count=10, cpu=4.0, memory_mb=4096),
+        ps=NodeGroup(count=2, cpu=4.0, memory_mb=8192),
+        stage=Stage.WARM_START,
+        reason="test",
+    )  # 48 cores: the whole quota
+    hot = {"job-ps-1": lambda i: node("job-ps-1", cpu=3.9)}
+    window = samples(S.hot_ps_samples, hot)
+    plan = post_scale(CTX, full, Instability(window), window[-1].time, SETTINGS)
+    assert plan is not None
+    assert plan.total_cpu <= CTX.quota_cpu
+    assert plan.workers.count < 10
+    assert "given up for quota room" in plan.reason

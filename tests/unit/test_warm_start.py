@@ -1,0 +1,193 @@
+"""Stage 1: warm start from similar finished jobs, and cold start without them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dlrover_kfp.core.plan import Stage
+from dlrover_kfp.core.planner import PlannerSettings, context_from_spec, warm_start
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.core.summary import JobSummary, parse_timestamp, summarize
+from tests.factories import DEFAULT_TABLES, make_profile
+
+SETTINGS = PlannerSettings()
+NOW = parse_timestamp("2026-11-21T00:00:00Z")
+
+
+def job_spec(
+    quota_cpu: float = 64, quota_memory: str = "256Gi", with_resources: bool = False, **extra: object
+) -> JobSpec:
+    resources: dict[str, object] = {"limits": {"cpu": quota_cpu, "memory": quota_memory}}
+    if with_resources:
+        resources |= {
+            "workers": {"count": 4, "cpu": 4, "memory": "8Gi"},
+            "ps": {"count": 2, "cpu": 4, "memory": "16Gi"},
+        }
+    return JobSpec(
+        name="ctr-daily",
+        scenario="ads-ctr",
+        model={"table_sizes": list(DEFAULT_TABLES)},  # type: ignore[arg-type]
+        data={"format": "synthetic", "rows": 200_000},  # type: ignore[arg-type]
+        training={"batch_size": 512},  # type: ignore[arg-type]
+        resources=resources,  # type: ignore[arg-type]
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def over_provisioned_history(n: int = 6, used: float = 0.3) -> list[JobSummary]:
+    """n daily runs that asked for 8 x 8 cpu / 16Gi workers and 4 x 8 cpu / 32Gi PS and used
+    ``used`` of it (samples ramp up to that fraction, so it is the peak)."""
+    return [
+        summarize(
+            make_profile(
+                run_id=f"ctr-daily-{d:02d}",
+                started_at=NOW - (d + 1) * 86400.0,
+                workers=8,
+                worker_cpu=8.0,
+                worker_memory_mb=16384,
+                ps=4,
+                ps_cpu=8.0,
+                ps_memory_mb=32768,
+                used_fraction=used,
+                throughput=40_000.0 + 500 * d,
+            )
+        )
+        for d in range(n)
+    ]
+
+
+def test_over_provisioned_history_gives_a_much_smaller_plan_never_below_peak_use() -> None:
+    history = over_provisioned_history()
+    spec = job_spec(quota_cpu=128, quota_memory="512Gi")
+    plan = warm_start(spec, context_from_spec(spec, SETTINGS), history, SETTINGS, NOW)
+
+    assert plan.stage is Stage.WARM_START
+    assert set(plan.similar_jobs) == {j.run_id for j in history}
+    requested_cpu = 8 * 8 + 4 * 8
+    requested_mem = 8 * 16384 + 4 * 32768
+    assert plan.total_cpu <= 0.5 * requested_cpu, plan
+    assert plan.total_memory_mb <= 0.6 * requested_mem, plan
+    # never below any pod's observed peak
+    assert plan.workers.cpu >= max(j.peak_worker_cpu for j in history)
+    assert plan.ps.cpu >= max(j.peak_ps_cpu for j in history)
+    assert plan.workers.memory_mb >= max(j.peak_worker_memory_mb for j in history)
+    assert plan.ps.memory_mb >= max(j.peak_ps_memory_mb for j in history)
+    # the jobs' total PS CPU use is covered too
+    assert plan.ps.total_cpu >= max(j.peak_total_ps_cpu for j in history)
+    assert "warm start from 6 similar job(s)" in plan.reason
+
+
+def test_no_history_gives_a_cold_start() -> None:
+    spec = job_spec()
+    plan = warm_start(spec, context_from_spec(spec, SETTINGS), [], SETTINGS, NOW)
+    assert plan.stage is Stage.COLD_START
+    assert plan.similar_jobs == ()
+    assert plan.total_cpu <= 64
+    assert plan.workers.memory_mb >= context_from_spec(spec, SETTINGS).worker_memory_floor_mb
+
+
+def test_cold_start_keeps_the_specs_own_resources() -> None:
+    spec = job_spec(with_resources=True)
+    plan = warm_start(spec, context_from_spec(spec, SETTINGS), [], SETTINGS, NOW)
+    assert plan.stage is Stage.COLD_START
+    assert (plan.workers.count, plan.workers.cpu, plan.workers.memory_mb) == (4, 4.0, 8192)
+    assert (plan.ps.count, plan.ps.cpu, plan.ps.memory_mb) == (2, 4.0, 16384)
+
+
+def test_jobs_outside_the_window_are_not_used() -> None:
+    old = [
+        summarize(make_profile(run_id=f"old-{k}", started_at=NOW - 90 * 86400.0 - k))
+        for k in range(5)
+    ]
+    spec = job_spec()
+    plan = warm_start(spec, context_from_spec(spec, SETTINGS), old, SETTINGS, NOW)
+    assert plan.stage is Stage.COLD_START
+
+
+def test_jobs_of_a_very_different_scale_are_not_similar() -> None:
+    big = [
+        summarize(make_profile(run_id=f"big-{k}", started_at=NOW - 86400.0, dataset_rows=50_000_000))
+        for k in range(5)
+    ]
+    spec = job_spec()
+    plan = warm_start(spec, context_from_spec(spec, SETTINGS), big, SETTINGS, NOW)
+    assert plan.stage is Stage.COLD_START
+
+
+def test_an_oom_in_history_adds_memory() -> None:
+    spec = job_spec(quota_cpu=128, quota_memory="512Gi")
+    ctx = context_from_spec(spec, SETTINGS)
+    calm = warm_start(spec, ctx, over_provisioned_history(), SETTINGS, NOW)
+    with_oom = over_provisioned_history()
+    with_oom[0] = summarize(
+        make_profile(
+            run_id="ctr-daily-oom",
+            started_at=NOW - 3600.0,
+            workers=8,
+            worker_cpu=8.0,
+            worker_memory_mb=16384,
+            ps=4,
+            ps_cpu=8.0,
+            ps_memory_mb=32768,
+            used_fraction=0.3,
+            oom_events=1,
+        )
+    )
+    wary = warm_start(spec, ctx, with_oom, SETTINGS, NOW)
+    assert wary.workers.memory_mb > calm.workers.memory_mb
+    assert "OOM" in wary.reason
+
+
+def test_history_spanning_many_configurations_plans_with_a_fitted_model() -> None:
+    history = []
+    for k, (w, p) in enumerate([(2, 1), (4, 1), (4, 2), (8, 2), (8, 4)]):
+        history.append(
+            summarize(
+                make_profile(
+                    run_id=f"cfg-{k}",
+                    started_at=NOW - (k + 1) * 86400.0,
+                    workers=w,
+                    ps=p,
+                    worker_cpu=4.0,
+                    ps_cpu=4.0,
+                    # near-linear in w while the PS keep up, as DLRM jobs are
+                    throughput=9_000.0 * w / (1 + 0.05 * w / p),
+                )
+            )
+        )
+    spec = job_spec(quota_cpu=64)
+    plan = warm_start(spec, context_from_spec(spec, SETTINGS), history, SETTINGS, NOW)
+    assert plan.stage is Stage.WARM_START
+    assert "model fitted on 5 configurations" in plan.reason
+    assert plan.predicted_throughput is not None and plan.predicted_throughput > 0
+    assert plan.total_cpu <= 64
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_never_above_the_quota(seed: int) -> None:
+    rng = random.Random(seed)
+    history = [
+        summarize(
+            make_profile(
+                run_id=f"r{seed}-{k}",
+                started_at=NOW - rng.uniform(0, 20) * 86400.0,
+                workers=rng.randint(1, 16),
+                worker_cpu=rng.choice([1.0, 2.0, 4.0, 8.0, 16.0]),
+                worker_memory_mb=rng.choice([2048, 4096, 8192]),
+                ps=rng.randint(1, 6),
+                ps_cpu=rng.choice([1.0, 2.0, 4.0, 8.0]),
+                ps_memory_mb=rng.choice([2048, 4096, 8192]),
+                used_fraction=rng.uniform(0.1, 0.9),
+                throughput=rng.uniform(1e3, 1e5),
+            )
+        )
+        for k in range(rng.randint(0, 12))
+    ]
+    quota_cpu = rng.choice([4, 8, 16, 32, 64])
+    spec = job_spec(quota_cpu=quota_cpu, quota_memory="128Gi")
+    plan = warm_start(spec, context_from_spec(spec, SETTINGS), history, SETTINGS, NOW)
+    assert plan.total_cpu <= quota_cpu + 1e-9, plan
+    assert plan.total_memory_mb <= 128 * 1024, plan
+    assert plan.workers.count >= 1 and plan.ps.count >= 1
