@@ -16,7 +16,7 @@ from dlrover_kfp.core.planner import (
 )
 from dlrover_kfp.core.planner.search import CPU_LADDER
 from dlrover_kfp.core.spec import JobSpec
-from tests.support.truth import Truth
+from dlrover_kfp.sim.workload import Truth
 
 SETTINGS = PlannerSettings()
 SAMPLES_PER_ROUND = SETTINGS.auto_scale.min_samples

@@ -145,7 +145,11 @@ def auto_scale(
     *,
     last_step: ScalingStep | None = None,
     prior: PerfModel = PRIOR,
+    known: Sequence[Observation] = (),
 ) -> AutoScaleDecision:
+    """One Stage-2 decision (see the module docstring). ``known`` holds observations of
+    similar finished jobs (from the history): measured points the model and the probes can
+    use, so that a recurring job does not re-learn what its earlier runs measured."""
     s = settings.auto_scale
     cur = plan_config(current)
     since = last_step.time if last_step is not None else 0.0
@@ -175,7 +179,7 @@ def auto_scale(
                 kind="rollback",
             )
 
-    observations = observations_from_samples(samples, ctx.batch_size)
+    observations = (*known, *observations_from_samples(samples, ctx.batch_size))
     worker_cap, ps_cap = cpu_saturation(observations, s.min_gain / 2)
     model = fit(
         capped_observations(observations, worker_cap, ps_cap), prior, settings=settings.model_fit

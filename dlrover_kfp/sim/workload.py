@@ -1,4 +1,4 @@
-"""A known throughput function for testing the planner in a closed loop.
+"""A synthetic PS workload with a known throughput function, for closed-loop planning.
 
 It is deliberately NOT the planner's model form: workers stop gaining from CPU beyond a thread
 cap and gain sub-linearly below it, PS contention grows super-linearly in w/p, and PS have a
@@ -22,6 +22,9 @@ from dlrover_kfp.core.profile import NodeSample, RuntimeSample
 
 @dataclass(frozen=True)
 class Truth:
+    """Iteration time of a PS job as a function of its shape (see the module docstring).
+    Defaults give a small DLRM: ~50k samples/s per worker core, a 6-thread worker."""
+
     batch: int = 512
     base: float = 2e-3
     compute: float = 4e-5  # core-seconds per sample on a worker

@@ -1,0 +1,38 @@
+"""Helpers the commands share: the history option, JSON output, help formatting."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from dlrover_kfp.files import write_atomic
+
+HELP_FORMAT = argparse.RawDescriptionHelpFormatter
+
+
+def add_history_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--history",
+        metavar="URL",
+        help="history store: an SQLAlchemy URL or a SQLite file path "
+        "(default: $DLROVER_KFP_HISTORY_URL, else a SQLite file in the user data directory)",
+    )
+
+
+def emit_json(data: Any, output: str | None = None) -> None:
+    """Write JSON to ``output`` atomically, or print it (and only it) on stdout."""
+    text = json.dumps(data, indent=2) + "\n"
+    if output:
+        write_atomic(output, text)
+        print(f"wrote {output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+
+
+def history_url(args: argparse.Namespace) -> str:
+    from dlrover_kfp.history import resolve_history_url
+
+    return resolve_history_url(getattr(args, "history", None), os.environ)
