@@ -1,3 +1,3 @@
-"""dlrover-kfp: resource planning and elastic PS training of DLRM for Kubeflow Pipelines and Airflow."""
+"""dlrover-kfp: resource planning and elastic PS training of DLRM for KFP and Airflow."""
 
 __version__ = "0.1.0"

@@ -6,8 +6,8 @@ pure warm-start planner; everything it needs comes in as arguments.
 
 from __future__ import annotations
 
-from dlrover_kfp.core.planner import PlannerSettings, context_from_spec, warm_start
 from dlrover_kfp.core.plan import ResourcePlan
+from dlrover_kfp.core.planner import PlannerSettings, context_from_spec, warm_start
 from dlrover_kfp.core.planner.warm_start import DAY_S
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.ports import Clock, HistoryStore, SimilarityQuery

@@ -109,8 +109,9 @@ def run_quickstart(
         new = store.record(profile)
         result = RoundResult(round=r, plan=plan, profile=profile, new=new)
         progress(
-            f"round {r}/{rounds}: {profile.outcome.status} in {profile.outcome.jct_seconds / 60:.1f} "
-            f"min, {result.resizes} resize(s), CPU utilisation {result.cpu_utilization:.0%}"
+            f"round {r}/{rounds}: {profile.outcome.status} in "
+            f"{profile.outcome.jct_seconds / 60:.1f} min, {result.resizes} resize(s), "
+            f"CPU utilisation {result.cpu_utilization:.0%}"
         )
         results.append(result)
     return results
@@ -121,7 +122,10 @@ def _shape(w: NodeGroup, p: NodeGroup) -> str:
 
 
 def format_table(results: list[RoundResult]) -> str:
-    head = f"{'round':>5}  {'stage':<11}  {'starts with':<24}  {'ends with':<24}  {'resizes':>7}  {'JCT min':>7}  {'CPU util':>8}"
+    head = (
+        f"{'round':>5}  {'stage':<11}  {'starts with':<24}  {'ends with':<24}  "
+        f"{'resizes':>7}  {'JCT min':>7}  {'CPU util':>8}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         w, p = r.final

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from dlrover_kfp.files import write_atomic
+from dlrover_kfp.history import resolve_history_url
 
 HELP_FORMAT = argparse.RawDescriptionHelpFormatter
 
@@ -33,6 +34,4 @@ def emit_json(data: Any, output: str | None = None) -> None:
 
 
 def history_url(args: argparse.Namespace) -> str:
-    from dlrover_kfp.history import resolve_history_url
-
     return resolve_history_url(getattr(args, "history", None), os.environ)

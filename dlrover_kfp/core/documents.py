@@ -7,7 +7,6 @@ only in messages. Reading files happens at the edge (``dlrover_kfp.files``).
 from __future__ import annotations
 
 import json
-from functools import cache
 from typing import Any, TypeVar
 
 import yaml
@@ -18,9 +17,15 @@ from dlrover_kfp.errors import SpecError
 T = TypeVar("T")
 
 
-@cache
+_ADAPTERS: dict[type[Any], TypeAdapter[Any]] = {}
+
+
 def _adapter(cls: type[Any]) -> TypeAdapter[Any]:
-    return TypeAdapter(cls)
+    """One TypeAdapter per contract type (building one costs milliseconds)."""
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -62,11 +67,16 @@ def parse(cls: type[T], data: object, source: str, *, prefix: str = "") -> T:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a mapping at the top level, got {type(data).__name__}")
     try:
-        return _adapter(cls).validate_python(data)  # type: ignore[no-any-return]
+        result: T = _adapter(cls).validate_python(data)
+        return result
     except ValidationError as exc:
         errors = exc.errors()
         first = _describe(errors[0], prefix)
-        more = f" (and {len(errors) - 1} more problem{'s' * (len(errors) > 2)})" if len(errors) > 1 else ""
+        more = (
+            f" (and {len(errors) - 1} more problem{'s' * (len(errors) > 2)})"
+            if len(errors) > 1
+            else ""
+        )
         raise SpecError(f"{source}: {first}{more}") from None
 
 

@@ -10,6 +10,7 @@ memory figure that grows with the model instead of a constant.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING
 
@@ -39,8 +40,8 @@ def min_worker_memory_mb(model: ModelSpec, training: TrainingSpec) -> int:
     n_tables = len(model.table_sizes)
     interactions = (n_tables + 1) * n_tables // 2 + model.embedding_dim
     top_dims = [interactions, *model.top_mlp]
-    params = sum(a * b + b for a, b in zip(dims, dims[1:], strict=False))
-    params += sum(a * b + b for a, b in zip(top_dims, top_dims[1:], strict=False))
+    params = sum(a * b + b for a, b in itertools.pairwise(dims))
+    params += sum(a * b + b for a, b in itertools.pairwise(top_dims))
     activations = training.batch_size * (n_tables + 1) * model.embedding_dim * 4
     total = params * 4 * 3 + activations * ACTIVATION_COPIES
     return RUNTIME_MB + math.ceil(total / _MIB)

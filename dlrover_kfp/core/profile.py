@@ -25,7 +25,7 @@ from dlrover_kfp.core.types import (
     Str,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)

@@ -25,7 +25,9 @@ _MEMORY_SUFFIX = {
     "Pi": 2**50,
     "Ei": 2**60,
 }
-_MEMORY_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_MEMORY_RE = re.compile(
+    r"^([0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+)
 _CPU_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m)?$")
 MIB = 2**20
 

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 from pydantic.dataclasses import dataclass
 
+from dlrover_kfp.core.footprint import min_ps_memory_mb, min_worker_memory_mb
 from dlrover_kfp.core.plan import NodeGroup
 from dlrover_kfp.core.types import (
     CONTRACT_CONFIG,
@@ -49,7 +50,9 @@ class ModelSpec:
                 f"model.embedding_dim {self.embedding_dim} (the dot interaction needs it)"
             )
         if self.top_mlp[-1] != 1:
-            raise ValueError(f"model.top_mlp: last layer must be 1 (one logit), got {self.top_mlp[-1]}")
+            raise ValueError(
+                f"model.top_mlp: last layer must be 1 (one logit), got {self.top_mlp[-1]}"
+            )
         return self
 
     @property
@@ -158,8 +161,6 @@ class JobSpec:
 
     @model_validator(mode="after")
     def _within_quota(self) -> JobSpec:
-        from dlrover_kfp.core.footprint import min_ps_memory_mb, min_worker_memory_mb
-
         limits = self.resources.limits
         if limits is None:
             return self

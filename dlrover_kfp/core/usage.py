@@ -40,7 +40,9 @@ def observations_from_samples(
     return tuple(result)
 
 
-def worker_cpu_floor(observations: Sequence[Observation], current: Config, headroom: float) -> float:
+def worker_cpu_floor(
+    observations: Sequence[Observation], current: Config, headroom: float
+) -> float:
     """Mean cores a worker uses at the current configuration, with headroom: a plan that gives
     less would certainly slow it down. 0 when unknown."""
     now = [o for o in observations if o.config == current and o.worker_cpu_used is not None]

@@ -48,7 +48,9 @@ def node(
     )
 
 
-def samples(n: int, change: dict[str, object] | None = None, t0: float = 0.0) -> list[RuntimeSample]:
+def samples(
+    n: int, change: dict[str, object] | None = None, t0: float = 0.0
+) -> list[RuntimeSample]:
     """n samples 30 s apart of a calm job; ``change`` maps a node name to a function of the
     sample index returning its NodeSample."""
     out = []
@@ -114,11 +116,31 @@ def test_oom_growth_is_capped_per_relaunch() -> None:
     event = JobEvent(time=1.0, kind="oom", node="job-ps-0")
     window = [
         RuntimeSample(
-            time=0.0, global_step=0, throughput=1.0, workers=1, ps=1, worker_cpu=2.0, ps_cpu=2.0,
-            nodes=(NodeSample(name="job-ps-0", role="ps", cpu_used=1.0, cpu_requested=2.0,
-                              memory_used_mb=30000, memory_requested_mb=40 * 1024),
-                   NodeSample(name="job-ps-1", role="ps", cpu_used=1.0, cpu_requested=2.0,
-                              memory_used_mb=1000, memory_requested_mb=40 * 1024)),
+            time=0.0,
+            global_step=0,
+            throughput=1.0,
+            workers=1,
+            ps=1,
+            worker_cpu=2.0,
+            ps_cpu=2.0,
+            nodes=(
+                NodeSample(
+                    name="job-ps-0",
+                    role="ps",
+                    cpu_used=1.0,
+                    cpu_requested=2.0,
+                    memory_used_mb=30000,
+                    memory_requested_mb=40 * 1024,
+                ),
+                NodeSample(
+                    name="job-ps-1",
+                    role="ps",
+                    cpu_used=1.0,
+                    cpu_requested=2.0,
+                    memory_used_mb=1000,
+                    memory_requested_mb=40 * 1024,
+                ),
+            ),
         )
     ]
     ctx = context_from_spec(

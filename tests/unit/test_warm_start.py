@@ -17,7 +17,10 @@ NOW = parse_timestamp("2026-11-21T00:00:00Z")
 
 
 def job_spec(
-    quota_cpu: float = 64, quota_memory: str = "256Gi", with_resources: bool = False, **extra: object
+    quota_cpu: float = 64,
+    quota_memory: str = "256Gi",
+    with_resources: bool = False,
+    **extra: object,
 ) -> JobSpec:
     resources: dict[str, object] = {"limits": {"cpu": quota_cpu, "memory": quota_memory}}
     if with_resources:
@@ -108,7 +111,9 @@ def test_jobs_outside_the_window_are_not_used() -> None:
 
 def test_jobs_of_a_very_different_scale_are_not_similar() -> None:
     big = [
-        summarize(make_profile(run_id=f"big-{k}", started_at=NOW - 86400.0, dataset_rows=50_000_000))
+        summarize(
+            make_profile(run_id=f"big-{k}", started_at=NOW - 86400.0, dataset_rows=50_000_000)
+        )
         for k in range(5)
     ]
     spec = job_spec()

@@ -217,7 +217,8 @@ def auto_scale(
             why += f", step toward {describe(target.config)}"
     elif target.cost <= (1 - s.min_saving) * cur_cost and gain >= 1 - s.max_loss:
         step, kind = target.config, "give_back"
-        why = f"gives back {1 - target.cost / cur_cost:.0%} of the cost for {gain - 1:+.1%} throughput"
+        saving = 1 - target.cost / cur_cost
+        why = f"gives back {saving:.0%} of the cost for {gain - 1:+.1%} throughput"
     else:
         probe = _probe(cur, observations, s, ctx.node.cpu_step)
         if probe is None:

@@ -69,7 +69,7 @@ def oom_reactions(
     s: PostScaleSettings,
     ctx: PlanningContext,
 ) -> list[NodeAction]:
-    actions = []
+    actions: list[NodeAction] = []
     for event in events:
         if event.kind != "oom" or event.node is None or event.node in {a.node for a in actions}:
             continue
@@ -121,7 +121,9 @@ def oom_predictions(
             NodeAction(
                 kind="relaunch",
                 node=name,
-                memory_mb=clamp_memory(max(predicted * s.oom_prevention_headroom, limit + 1), ctx.node),
+                memory_mb=clamp_memory(
+                    max(predicted * s.oom_prevention_headroom, limit + 1), ctx.node
+                ),
                 reason=f"memory grows {slope * 60:.0f}Mi/min and reaches its {limit}Mi limit in "
                 f"~{eta:.0f}s: relaunch bigger before it is OOM-killed",
             )
@@ -159,7 +161,11 @@ def slow_workers(samples: Sequence[RuntimeSample], s: PostScaleSettings) -> list
     recent = samples[-s.straggler_replace_samples :]
     streak: dict[str, int] = {}
     for sample in recent:
-        speeds = {n.name: n.throughput for n in sample.nodes if n.role == "worker" and n.throughput is not None}
+        speeds = {
+            n.name: n.throughput
+            for n in sample.nodes
+            if n.role == "worker" and n.throughput is not None
+        }
         if len(speeds) < 2:
             streak.clear()
             continue
@@ -202,7 +208,9 @@ def pending_too_long(
             continue
         role = _role(name, {})
         group = groups[role]
-        floor = ctx.worker_memory_floor_mb if role == "worker" else ctx.ps_memory_floor_mb(group.count)
+        floor = (
+            ctx.worker_memory_floor_mb if role == "worker" else ctx.ps_memory_floor_mb(group.count)
+        )
         actions.append(
             NodeAction(
                 kind="relaunch",
@@ -271,7 +279,9 @@ def post_scale(
         role = _role(a.node, latest)
         group = workers if role == "worker" else ps
         if a.kind == "migrate_ps" and a.cpu is not None:
-            group = NodeGroup(count=group.count, cpu=max(group.cpu, a.cpu), memory_mb=group.memory_mb)
+            group = NodeGroup(
+                count=group.count, cpu=max(group.cpu, a.cpu), memory_mb=group.memory_mb
+            )
         elif a.kind == "relaunch" and a.node in pending:
             group = NodeGroup(
                 count=group.count,
@@ -312,7 +322,11 @@ def _make_room(
         or count * workers.memory_mb + ps.total_memory_mb > ctx.quota_memory_mb
     ):
         count -= 1
-    note = "" if count == workers.count else f"; {workers.count - count} worker(s) given up for quota room"
+    note = (
+        ""
+        if count == workers.count
+        else f"; {workers.count - count} worker(s) given up for quota room"
+    )
     fitted = NodeGroup(count=count, cpu=workers.cpu, memory_mb=workers.memory_mb)
     if (
         fitted.total_cpu + ps.total_cpu > ctx.quota_cpu + 1e-9
@@ -323,7 +337,10 @@ def _make_room(
         mem_room = (ctx.quota_memory_mb - fitted.total_memory_mb) // max(1, ps.count)
         ps = NodeGroup(
             count=ps.count,
-            cpu=max(ctx.node.min_cpu, math.floor(min(ps.cpu, cpu_room) / ctx.node.cpu_step) * ctx.node.cpu_step),
+            cpu=max(
+                ctx.node.min_cpu,
+                math.floor(min(ps.cpu, cpu_room) / ctx.node.cpu_step) * ctx.node.cpu_step,
+            ),
             memory_mb=int(min(ps.memory_mb, mem_room)),
         )
         note += "; quota exhausted: PS growth capped"

@@ -43,7 +43,9 @@ class MemoryNeeds:
     ps_min_mb: int = 0
 
     def ps_mb(self, ps_count: int) -> int:
-        return max(self.ps_min_mb, self.ps_fixed_mb + math.ceil(self.ps_state_mb / max(1, ps_count)))
+        return max(
+            self.ps_min_mb, self.ps_fixed_mb + math.ceil(self.ps_state_mb / max(1, ps_count))
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +124,9 @@ def search(
     except InfeasiblePlanError:
         if bounds.worker_floor <= 0 and bounds.ps_cores_per_sample is None:
             raise
-        relaxed = CpuBounds(headroom=bounds.headroom, worker_cap=bounds.worker_cap, ps_cap=bounds.ps_cap)
+        relaxed = CpuBounds(
+            headroom=bounds.headroom, worker_cap=bounds.worker_cap, ps_cap=bounds.ps_cap
+        )
         return _search(model, ctx, memory, relaxed, near_optimal, include)
 
 

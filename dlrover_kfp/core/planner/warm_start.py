@@ -56,7 +56,9 @@ def select_similar(
         if job.started_at < since or not job.has_usage:
             continue
         if ctx.dataset_rows and job.dataset_rows:
-            ratio = max(ctx.dataset_rows, job.dataset_rows) / min(ctx.dataset_rows, job.dataset_rows)
+            ratio = max(ctx.dataset_rows, job.dataset_rows) / min(
+                ctx.dataset_rows, job.dataset_rows
+            )
             if ratio > ws.dataset_scale_tolerance:
                 continue
         chosen.append(job)
@@ -80,7 +82,9 @@ def cold_start(spec: JobSpec, ctx: PlanningContext, settings: PlannerSettings) -
     worker_mb = clamp_memory(ctx.worker_memory_floor_mb * cs.memory_factor, ctx.node)
     ps = ctx.min_ps
     # enough PS that each holds its rows within the per-pod memory clamp
-    while ps < ctx.max_ps and ctx.ps_memory_floor_mb(ps) * cs.memory_factor > ctx.node.max_memory_mb:
+    while (
+        ps < ctx.max_ps and ctx.ps_memory_floor_mb(ps) * cs.memory_factor > ctx.node.max_memory_mb
+    ):
         ps += 1
     ps_mb = clamp_memory(ctx.ps_memory_floor_mb(ps) * cs.memory_factor, ctx.node)
     w_group, p_group = _fit_quota(
@@ -208,7 +212,9 @@ def warm_start(
         ctx.batch_size,
     )
     squeezed = (
-        "" if (w_group.count, w_group.cpu) == (cfg.workers, cfg.worker_cpu) else "; cut to the quota"
+        ""
+        if (w_group.count, w_group.cpu) == (cfg.workers, cfg.worker_cpu)
+        else "; cut to the quota"
     )
     return ResourcePlan(
         workers=w_group,
