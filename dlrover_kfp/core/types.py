@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BeforeValidator, ConfigDict, Field, PlainSerializer, Strict
+from pydantic import BeforeValidator, ConfigDict, Field, PlainSerializer, Strict, WithJsonSchema
 
 from dlrover_kfp.core.quantity import format_cpu, format_memory, parse_cpu, parse_memory_mb
 
@@ -27,7 +27,15 @@ Seconds = Annotated[float, Strict(), Field(ge=0, description="seconds since job 
 Cores = Annotated[
     float,
     BeforeValidator(parse_cpu),
-    Field(gt=0, description="CPU cores; input also accepts Kubernetes notation: 0.5, 500m, 4"),
+    WithJsonSchema(
+        {
+            "description": "CPU cores: a number (0.5, 4) or Kubernetes millicores (500m)",
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0},
+                {"type": "string", "pattern": r"^[0-9]+(\.[0-9]+)?m?$"},
+            ],
+        }
+    ),
 ]
 #: CPU in cores as written by machines (plans, profiles): numbers only.
 CoresValue = Annotated[float, Strict(), Field(ge=0, description="CPU cores")]
@@ -37,10 +45,17 @@ MemoryQuantity = Annotated[
     int,
     BeforeValidator(parse_memory_mb),
     PlainSerializer(format_memory, return_type=str),
-    Field(
-        gt=0,
-        description="memory as a Kubernetes quantity (8Gi, 512Mi, 16G); a bare number is bytes",
-        json_schema_extra={"type": ["string", "number"]},
+    WithJsonSchema(
+        {
+            "description": "memory as a Kubernetes quantity (8Gi, 512Mi, 16G); a number is bytes",
+            "anyOf": [
+                {"type": "number", "exclusiveMinimum": 0},
+                {
+                    "type": "string",
+                    "pattern": r"^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$",
+                },
+            ],
+        }
     ),
 ]
 #: Memory in MiB as written by machines (plans, profiles).
