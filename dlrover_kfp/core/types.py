@@ -40,6 +40,8 @@ Cores = Annotated[
 #: CPU in cores as written by machines (plans, profiles): numbers only.
 CoresValue = Annotated[float, Strict(), Field(ge=0, description="CPU cores")]
 
+_MEMORY_PATTERN = r"^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
+
 #: Memory as a Kubernetes quantity in a spec; stored as MiB, written back as a quantity string.
 MemoryQuantity = Annotated[
     int,
@@ -52,7 +54,7 @@ MemoryQuantity = Annotated[
                 {"type": "number", "exclusiveMinimum": 0},
                 {
                     "type": "string",
-                    "pattern": r"^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$",
+                    "pattern": _MEMORY_PATTERN,
                 },
             ],
         }

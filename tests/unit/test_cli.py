@@ -65,9 +65,7 @@ def test_plan_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert code == 0, out
 
     output = tmp_path / "plan.json"
-    code, out, err = run(
-        capsys, "plan", "--job", job, "--history", history, "--output", str(output)
-    )
+    code, out, _ = run(capsys, "plan", "--job", job, "--history", history, "--output", str(output))
     assert code == 0 and out == ""
     plan = json.loads(output.read_text())
     assert plan["stage"] == Stage.WARM_START

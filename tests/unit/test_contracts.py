@@ -100,7 +100,7 @@ def _with(path: str, value: object) -> dict[str, object]:
         (_with("model.bottom_mlp", [64, 8]), "model.bottom_mlp: last layer 8 must equal"),
         (
             _with("resources.limits", {"cpu": 0.5, "memory": "64Gi"}),
-            "resources.limits: quota (cpu 0.5, memory 65536Mi) is too small for one worker and one PS",
+            "resources.limits: quota (cpu 0.5, memory 65536Mi) is too small for one worker",
         ),
         (
             _with("resources.limits", {"cpu": 64, "memory": "600Mi"}),
