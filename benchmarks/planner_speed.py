@@ -20,14 +20,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage  # noqa: E402
-from dlrover_kfp.core.planner import PlannerSettings, auto_scale, context_from_spec  # noqa: E402
-from dlrover_kfp.core.spec import JobSpec  # noqa: E402
-from dlrover_kfp.core.summary import format_timestamp  # noqa: E402
-from dlrover_kfp.history import open_history  # noqa: E402
-from dlrover_kfp.planning import plan_job  # noqa: E402
-from dlrover_kfp.sim.workload import Truth  # noqa: E402
-from tests.factories import DEFAULT_TABLES, make_profile  # noqa: E402
+from dlrover_kfp.core.observation import Config, Observation
+from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
+from dlrover_kfp.core.planner import PlannerSettings, auto_scale, context_from_spec
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.core.summary import format_timestamp
+from dlrover_kfp.history import open_history
+from dlrover_kfp.planning import plan_job
+from dlrover_kfp.sim.workload import Truth
+from tests.factories import DEFAULT_TABLES, make_profile
 
 NOW = time.time()
 
@@ -102,7 +103,8 @@ def main() -> None:
     parser.add_argument("--profiles", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=50)
     args = parser.parse_args()
-    print(f"machine: {platform.platform()}, {platform.processor() or platform.machine()}, python {platform.python_version()}")
+    cpu = platform.processor() or platform.machine()
+    print(f"machine: {platform.platform()}, {cpu}, python {platform.python_version()}")
 
     with tempfile.TemporaryDirectory() as tmp:
         for scenarios, label in ((1, "all one scenario"), (100, "100 scenarios")):
@@ -112,7 +114,9 @@ def main() -> None:
             store = open_history(url)
             job = spec("scenario-0")
             plan = plan_job(job, store, FixedClock())
-            print(f"  plan: {plan.stage.value} from {len(plan.similar_jobs)} jobs: {plan.reason[:90]}")
+            print(
+                f"  plan: {plan.stage.value} from {len(plan.similar_jobs)} jobs: {plan.reason[:90]}"
+            )
             report(
                 f"warm start, {args.profiles} profiles, {label}",
                 timed(lambda: plan_job(job, store, FixedClock()), args.repeat),  # noqa: B023
@@ -136,6 +140,29 @@ def main() -> None:
     report(
         "stage-2 decision (60 samples, 8 workers)",
         timed(lambda: auto_scale(ctx, current, samples, 4000.0, settings), args.repeat * 4),
+        0.005,
+    )
+    # The samples above are all of one configuration, so that fit is the prior's scale and
+    # never searches the contention exponent γ. Observations of similar finished jobs at 12
+    # configurations (``known``, from the history) make it a full fit with the γ search.
+    rng = random.Random(1)
+    shapes = [(1, 1, 2, 1), (2, 1, 4, 2), (4, 1, 4, 2), (4, 2, 8, 4), (8, 2, 4, 4), (8, 4, 8, 2)]
+    shapes += [(12, 3, 4, 4), (16, 4, 6, 4), (6, 3, 2, 8), (10, 2, 6, 6), (3, 1, 8, 1)]
+    shapes += [(16, 2, 4, 8)]
+    known = [
+        Observation(c, 512, truth.throughput(c) * rng.gauss(1, 0.03))
+        for c in (Config(w, p, float(lw), float(lp)) for w, p, lw, lp in shapes)
+        for _ in range(4)
+    ]
+    decision = auto_scale(ctx, current, samples, 4000.0, settings, known=known)
+    assert decision.model is not None and not decision.model.gamma_pinned
+    print(f"  stage 2 with history: gamma {decision.model.gamma:.2f}; {decision.reason[:80]}")
+    report(
+        "stage-2 decision (+48 known, gamma search)",
+        timed(
+            lambda: auto_scale(ctx, current, samples, 4000.0, settings, known=known),
+            args.repeat * 4,
+        ),
         0.005,
     )
 
