@@ -1,0 +1,206 @@
+"""SQLAlchemy engines for the history store, and what their errors mean to a caller.
+
+Three things live here because both the store (``sql.py``) and the migrations need them:
+
+* **Engine settings.** SQLite gets WAL (readers never wait for the writer), a 30 s busy timeout
+  (a writer waits for another instead of failing at once) and foreign keys, and SQLAlchemy takes
+  over ``BEGIN`` from Python's ``sqlite3`` so that write transactions start with
+  ``BEGIN IMMEDIATE``. A deferred transaction that reads and then writes can fail with "database
+  is locked" *without* waiting when another process committed in between (WAL snapshots cannot
+  be upgraded); taking the write lock up front turns that into an orderly wait.
+* **Error meaning.** A driver error becomes a :class:`HistoryUnavailableError` (locked, server
+  down: retrying may help), a :class:`HistoryCorruptError` (not our database, damaged schema) or a
+  :class:`UserInputError` (wrong password, no such database, unusable path).
+* **Secrets.** Every message names the store by :func:`describe_url`, which hides the password.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Connection, Engine
+
+from dlrover_kfp.errors import (
+    DlroverKfpError,
+    HistoryCorruptError,
+    HistoryUnavailableError,
+    UserInputError,
+)
+
+#: How long a SQLite writer waits for another before giving up (seconds). Recording a profile
+#: takes milliseconds, so 30 s only runs out when something holds the file for far too long.
+SQLITE_BUSY_TIMEOUT_S = 30.0
+
+#: How long to wait for a database server to answer a connection attempt (seconds).
+SERVER_CONNECT_TIMEOUT_S = 10
+
+#: Execution option that marks a connection's next transaction as a writer (BEGIN IMMEDIATE).
+_WRITE_OPTION = "dlrover_kfp_write"
+
+#: PostgreSQL SQLSTATE classes that say "try again later".
+_PG_TRANSIENT_CLASSES = ("08", "53", "57", "58")
+_PG_TRANSIENT_STATES = frozenset({"40001", "40P01", "55P03"})
+
+_SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL")
+_SQLITE_CORRUPT = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+_SQLITE_UNUSABLE = ("SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PERM", "SQLITE_AUTH")
+
+
+def parse_url(url: str) -> URL:
+    """Parse a history URL; ``postgresql://`` means psycopg 3 (the driver our extra installs)."""
+    try:
+        parsed = sa.make_url(url)
+    except sa_exc.ArgumentError:
+        raise UserInputError(f"history URL {mask_url_text(url)!r} is not a valid URL") from None
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def mask_url_text(url: str) -> str:
+    """Hide the password in a URL given as text, even when SQLAlchemy cannot parse it."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except sa_exc.ArgumentError:
+        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+
+
+def is_sqlite(url: URL) -> bool:
+    return url.get_backend_name() == "sqlite"
+
+
+def sqlite_path(url: URL) -> str | None:
+    """The file a SQLite URL names, or None for an in-memory database."""
+    database = url.database
+    if not database or database == ":memory:" or url.query.get("mode") == "memory":
+        return None
+    return database
+
+
+def describe_url(url: URL) -> str:
+    """How messages name a store: a SQLite file by its path, a server by its URL sans password."""
+    if is_sqlite(url):
+        return sqlite_path(url) or "in-memory SQLite database"
+    return url.render_as_string(hide_password=True)
+
+
+def create_history_engine(url: URL) -> Engine:
+    """An engine configured for the history store (see the module docstring for why)."""
+    if not is_sqlite(url):
+        # pre_ping: a pooled connection the server dropped is replaced, not reported as an error.
+        # connect_timeout: an unreachable server is a quick transient error, not a long hang.
+        server_args: dict[str, Any] = {}
+        if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
+            server_args["connect_timeout"] = SERVER_CONNECT_TIMEOUT_S
+        return sa.create_engine(url, pool_pre_ping=True, connect_args=server_args)
+    connect_args: dict[str, Any] = {}
+    if "timeout" not in url.query:
+        connect_args["timeout"] = SQLITE_BUSY_TIMEOUT_S
+    engine = sa.create_engine(url, connect_args=connect_args)
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, connection_record: Any) -> None:
+    """Per-connection SQLite settings; also hands BEGIN over to :func:`_sqlite_on_begin`."""
+    del connection_record
+    # Python's sqlite3 would otherwise BEGIN (deferred) on its own before DML and never
+    # before SELECT; with isolation_level None it leaves transactions entirely to us.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA foreign_keys=ON")
+        # Reading the mode first avoids asking for a write lock on every connect.
+        (mode,) = cursor.execute("PRAGMA journal_mode").fetchone()
+        if str(mode).lower() not in ("wal", "memory"):
+            cursor.execute("PRAGMA journal_mode=WAL")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    write = bool(conn.get_execution_options().get(_WRITE_OPTION, False))
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A transaction that will write: on SQLite it holds the write lock from its first statement.
+
+    Commits when the block ends normally, rolls back on any exception.
+    """
+    with engine.connect() as conn:
+        conn.execution_options(**{_WRITE_OPTION: True})
+        with conn.begin():
+            yield conn
+
+
+@contextmanager
+def read_transaction(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction: one consistent snapshot, never blocks a SQLite writer (WAL)."""
+    with engine.connect() as conn, conn.begin():
+        yield conn
+
+
+@contextmanager
+def translated_errors(where: str, secret: str | None = None) -> Iterator[None]:
+    """Turn driver errors raised inside the block into this package's error types.
+
+    ``where`` names the store in messages; ``secret`` (the URL's password) is scrubbed from any
+    driver text that is quoted.
+    """
+    try:
+        yield
+    except sa_exc.DBAPIError as exc:
+        raise classify_error(exc, where, secret) from exc
+    except sa_exc.TimeoutError as exc:
+        raise HistoryUnavailableError(f"{where}: no free database connection ({exc})") from exc
+
+
+def classify_error(exc: sa_exc.DBAPIError, where: str, secret: str | None) -> DlroverKfpError:
+    """The package error that says what a driver error means for the caller."""
+    orig = exc.orig
+    text = _first_line(str(orig) if orig is not None else str(exc))
+    if secret:
+        text = text.replace(secret, "***")
+    if isinstance(orig, sqlite3.Error):
+        return _classify_sqlite(orig, text, where)
+    state = getattr(orig, "sqlstate", None)
+    if isinstance(state, str):
+        if state.startswith("28"):
+            return UserInputError(f"{where}: the server refused the login: {text}")
+        if state == "3D000":
+            return UserInputError(f"{where}: no such database: {text}")
+        if state.startswith(_PG_TRANSIENT_CLASSES) or state in _PG_TRANSIENT_STATES:
+            return HistoryUnavailableError(f"{where}: {text}")
+        if state in ("42P01", "42703"):
+            return HistoryCorruptError(f"{where}: the history schema is damaged: {text}")
+    if isinstance(exc, sa_exc.OperationalError) or exc.connection_invalidated:
+        return HistoryUnavailableError(f"{where}: cannot reach the history database: {text}")
+    return HistoryCorruptError(f"{where}: database error: {text}")
+
+
+def _classify_sqlite(orig: sqlite3.Error, text: str, where: str) -> DlroverKfpError:
+    name = str(getattr(orig, "sqlite_errorname", ""))
+    damaged = "not a database" in text or "malformed" in text
+    if name.startswith(_SQLITE_CORRUPT) or (isinstance(orig, sqlite3.DatabaseError) and damaged):
+        return HistoryCorruptError(f"{where}: not a dlrover-kfp history database ({text})")
+    if name.startswith(_SQLITE_TRANSIENT) or "locked" in text:
+        return HistoryUnavailableError(f"{where}: the history database is busy ({text})")
+    if name.startswith(_SQLITE_UNUSABLE):
+        return UserInputError(f"{where}: cannot use this history database file ({text})")
+    if "no such table" in text or "no such column" in text:
+        return HistoryCorruptError(f"{where}: the history schema is damaged ({text})")
+    return HistoryCorruptError(f"{where}: database error ({text})")
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "unknown error"
