@@ -75,7 +75,7 @@ class Backend:
 def postgres_url() -> str:
     url = os.environ.get(POSTGRES_ENV, "").strip()
     if not url:
-        pytest.skip(POSTGRES_SKIP)
+        pytest.skip(reason=POSTGRES_SKIP)
     pytest.importorskip("psycopg", reason="psycopg missing: pip install 'dlrover-kfp[postgres]'")
     return url
 
