@@ -27,15 +27,11 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.core.summary import format_timestamp
 from dlrover_kfp.history import open_history
 from dlrover_kfp.planning import plan_job
+from dlrover_kfp.ports import FixedClock
 from dlrover_kfp.sim.workload import Truth
 from tests.factories import DEFAULT_TABLES, make_profile
 
 NOW = time.time()
-
-
-class FixedClock:
-    def now(self) -> float:
-        return NOW
 
 
 def spec(scenario: str) -> JobSpec:
@@ -113,13 +109,13 @@ def main() -> None:
             print(f"stored {args.profiles} profiles ({label}) in {took:.1f} s")
             store = open_history(url)
             job = spec("scenario-0")
-            plan = plan_job(job, store, FixedClock())
+            plan = plan_job(job, store, FixedClock(NOW))
             print(
                 f"  plan: {plan.stage.value} from {len(plan.similar_jobs)} jobs: {plan.reason[:90]}"
             )
             report(
                 f"warm start, {args.profiles} profiles, {label}",
-                timed(lambda: plan_job(job, store, FixedClock()), args.repeat),  # noqa: B023
+                timed(lambda: plan_job(job, store, FixedClock(NOW)), args.repeat),  # noqa: B023
                 0.100,
             )
             store.close()

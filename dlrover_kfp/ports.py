@@ -66,6 +66,16 @@ class Clock(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class FixedClock:
+    """A clock stopped at ``moment``: planning "as of" a given time (replays, simulation)."""
+
+    moment: float
+
+    def now(self) -> float:
+        return self.moment
+
+
 class SystemClock:
     def now(self) -> float:
         return time.time()

@@ -18,7 +18,7 @@ from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.core.summary import format_timestamp
 from dlrover_kfp.planning import plan_job, similarity_query
-from dlrover_kfp.ports import Clock, HistoryStore
+from dlrover_kfp.ports import Clock, FixedClock, HistoryStore
 from dlrover_kfp.sim.job import simulate_job
 from dlrover_kfp.sim.workload import Truth
 
@@ -85,14 +85,7 @@ def run_quickstart(
     for r in range(1, rounds + 1):
         day = start + (r - 1) * DAY_S
 
-        @dataclass(frozen=True)
-        class _At:
-            moment: float
-
-            def now(self) -> float:
-                return self.moment
-
-        plan = plan_job(spec, store, _At(day), settings)
+        plan = plan_job(spec, store, FixedClock(day), settings)
         similar = store.find_similar(similarity_query(spec, settings, day))
         known = [o for job in similar if job.run_id in plan.similar_jobs for o in job.observations]
         progress(f"round {r}/{rounds}: {plan.stage.value}: {plan.reason}")

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from dlrover_kfp.core.footprint import RUNTIME_MB, min_ps_memory_mb, min_worker_memory_mb
+from dlrover_kfp.core.plan import NodeGroup
 from dlrover_kfp.core.planner.settings import NodeLimits, PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 
@@ -31,6 +32,23 @@ class PlanningContext:
     def ps_memory_floor_mb(self, ps_count: int) -> int:
         """Per-PS floor: runtime + its share of the rows (they re-partition with the count)."""
         return RUNTIME_MB + math.ceil(self.ps_state_mb / max(1, ps_count))
+
+    def fits(self, workers: NodeGroup, ps: NodeGroup) -> bool:
+        """Whether both groups together stay within the quota's CPU and memory."""
+        return (
+            workers.total_cpu + ps.total_cpu <= self.quota_cpu + 1e-9
+            and workers.total_memory_mb + ps.total_memory_mb <= self.quota_memory_mb
+        )
+
+    def workers_that_fit(self, workers: NodeGroup, ps: NodeGroup) -> NodeGroup:
+        """``workers`` with as many pods given up (never below ``min_workers``) as the quota
+        needs: workers are the elastic role, so they make room first."""
+        count = workers.count
+        while count > self.min_workers and not self.fits(
+            NodeGroup(count=count, cpu=workers.cpu, memory_mb=workers.memory_mb), ps
+        ):
+            count -= 1
+        return NodeGroup(count=count, cpu=workers.cpu, memory_mb=workers.memory_mb)
 
     def dominant_share(self, cpu: float, memory_mb: float) -> float:
         """Cost of an allocation: its dominant share of the quota (as DRF defines it)."""

@@ -316,22 +316,10 @@ def _make_room(
     workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext
 ) -> tuple[NodeGroup, NodeGroup, str]:
     """Give up workers until the plan fits the quota (never below the minimum)."""
-    count = workers.count
-    while count > ctx.min_workers and (
-        count * workers.cpu + ps.total_cpu > ctx.quota_cpu + 1e-9
-        or count * workers.memory_mb + ps.total_memory_mb > ctx.quota_memory_mb
-    ):
-        count -= 1
-    note = (
-        ""
-        if count == workers.count
-        else f"; {workers.count - count} worker(s) given up for quota room"
-    )
-    fitted = NodeGroup(count=count, cpu=workers.cpu, memory_mb=workers.memory_mb)
-    if (
-        fitted.total_cpu + ps.total_cpu > ctx.quota_cpu + 1e-9
-        or fitted.total_memory_mb + ps.total_memory_mb > ctx.quota_memory_mb
-    ):
+    fitted = ctx.workers_that_fit(workers, ps)
+    given_up = workers.count - fitted.count
+    note = f"; {given_up} worker(s) given up for quota room" if given_up else ""
+    if not ctx.fits(fitted, ps):
         # Even the minimum does not fit: shrink the PS growth back to what fits.
         cpu_room = (ctx.quota_cpu - fitted.total_cpu) / max(1, ps.count)
         mem_room = (ctx.quota_memory_mb - fitted.total_memory_mb) // max(1, ps.count)

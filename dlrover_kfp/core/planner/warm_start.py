@@ -30,7 +30,6 @@ from dlrover_kfp.core.planner.context import (
     PlanningContext,
     clamp_cpu,
     clamp_memory,
-    round_up,
 )
 from dlrover_kfp.core.planner.search import CpuBounds, InfeasiblePlanError, MemoryNeeds, search
 from dlrover_kfp.core.planner.settings import PlannerSettings
@@ -108,12 +107,7 @@ def _fit_quota(
     """Shrink a plan into the quota: drop workers (down to the minimum), then shrink CPU of
     every pod proportionally. Memory is never cut below what was planned: a pod without the
     memory it needs dies, a pod with less CPU only runs slower."""
-    w_count = workers.count
-    while w_count > ctx.min_workers and (
-        w_count * workers.cpu + ps.total_cpu > ctx.quota_cpu + 1e-9
-        or w_count * workers.memory_mb + ps.total_memory_mb > ctx.quota_memory_mb
-    ):
-        w_count -= 1
+    w_count = ctx.workers_that_fit(workers, ps).count
     if w_count * workers.memory_mb + ps.total_memory_mb > ctx.quota_memory_mb:
         raise InfeasiblePlanError(
             f"the quota's memory ({ctx.quota_memory_mb}Mi) cannot hold {w_count} worker(s) of "
@@ -211,11 +205,8 @@ def warm_start(
         Config(w_group.count, p_group.count, w_group.cpu, p_group.cpu),
         ctx.batch_size,
     )
-    squeezed = (
-        ""
-        if (w_group.count, w_group.cpu) == (cfg.workers, cfg.worker_cpu)
-        else "; cut to the quota"
-    )
+    planned = (cfg.workers, cfg.worker_cpu, max(cfg.ps_cpu, ps_cpu))
+    squeezed = "" if (w_group.count, w_group.cpu, p_group.cpu) == planned else "; cut to the quota"
     return ResourcePlan(
         workers=w_group,
         ps=p_group,
@@ -235,4 +226,4 @@ def _typical_ps_count(jobs: Sequence[JobSummary]) -> int:
     return max(1, statistics.median_low([j.ps.count for j in jobs]))
 
 
-__all__ = ["cold_start", "round_up", "select_similar", "warm_start"]
+__all__ = ["cold_start", "select_similar", "warm_start"]
