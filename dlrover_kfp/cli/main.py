@@ -14,13 +14,20 @@ import sys
 from collections.abc import Sequence
 
 from dlrover_kfp import __version__
-from dlrover_kfp.cli import history_cmd, model_cmd, plan_cmd, quickstart_cmd, schema_cmd
+from dlrover_kfp.cli import (
+    history_cmd,
+    model_cmd,
+    plan_cmd,
+    quickstart_cmd,
+    run_cmd,
+    schema_cmd,
+)
 from dlrover_kfp.errors import PermanentError, TransientError
 
 EXIT_USER_ERROR = 2
 EXIT_TRANSIENT = 75
 
-_COMMANDS = (quickstart_cmd, plan_cmd, model_cmd, history_cmd, schema_cmd)
+_COMMANDS = (quickstart_cmd, plan_cmd, run_cmd, model_cmd, history_cmd, schema_cmd)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,12 +16,15 @@ class Stage(StrEnum):
 
     cold_start -> (auto_scale | post_scale)*      a job with no similar history
     warm_start -> (auto_scale | post_scale)*      a job planned from similar finished jobs
+    manual                                        the spec's own resources, kept to the end
+                                                  (a ``--static`` run, like a plain TFJob)
     """
 
     COLD_START = "cold_start"
     WARM_START = "warm_start"
     AUTO_SCALE = "auto_scale"
     POST_SCALE = "post_scale"
+    MANUAL = "manual"
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)

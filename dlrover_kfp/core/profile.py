@@ -13,7 +13,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from dlrover_kfp.core.plan import NodeGroup, Stage
-from dlrover_kfp.core.spec import ModelSpec, NodeRequest, Quota
+from dlrover_kfp.core.spec import CriteoData, JobSpec, ModelSpec, NodeRequest, Quota
 from dlrover_kfp.core.types import (
     CONTRACT_CONFIG,
     CoresValue,
@@ -123,8 +123,13 @@ class Outcome:
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
 class Metrics:
+    """Final metrics. ``loss`` and ``auc`` are measured on the held-out split."""
+
     loss: float | None = None
     auc: float | None = None
+    train_loss: float | None = Field(default=None, description="mean loss of the last shards")
+    eval_rows: NonNegInt | None = None
+    bad_rows: NonNegInt | None = Field(default=None, description="input rows skipped as malformed")
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
@@ -140,3 +145,22 @@ class JobProfile:
     samples: tuple[RuntimeSample, ...] = ()
     events: tuple[JobEvent, ...] = ()
     metrics: Metrics = Metrics()
+
+
+def profile_job(spec: JobSpec, rows: int | None = None) -> ProfileJob:
+    """The similarity features of ``spec`` as a profile records them (``rows``: if measured)."""
+    res = spec.resources
+    data_rows = rows if rows is not None else (spec.dataset_rows or 0)
+    path = spec.data.path if isinstance(spec.data, CriteoData) else None
+    return ProfileJob(
+        name=spec.name,
+        scenario=spec.scenario,
+        model=spec.model,
+        data=ProfileData(rows=data_rows, format=spec.data.format, path=path),
+        training=ProfileTraining(
+            batch_size=spec.training.batch_size,
+            epochs=spec.training.epochs,
+            learning_rate=spec.training.learning_rate,
+        ),
+        resources=ProfileRequest(limits=res.limits, workers=res.workers, ps=res.ps),
+    )

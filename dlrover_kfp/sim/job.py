@@ -26,11 +26,8 @@ from dlrover_kfp.core.profile import (
     JobProfile,
     NodeSample,
     Outcome,
-    ProfileData,
-    ProfileJob,
-    ProfileRequest,
-    ProfileTraining,
     RuntimeSample,
+    profile_job,
 )
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.sim.workload import Truth
@@ -160,22 +157,10 @@ def simulate_job(
             )
             events.append(JobEvent(time=round(t, 3), kind="scale", detail=current.reason))
     finished = processed >= total
-    res = spec.resources
     return JobProfile(
         run_id=run_id,
         started_at=started_at,
-        job=ProfileJob(
-            name=spec.name,
-            scenario=spec.scenario,
-            model=spec.model,
-            data=ProfileData(rows=spec.dataset_rows or 0, format=spec.data.format),
-            training=ProfileTraining(
-                batch_size=spec.training.batch_size,
-                epochs=spec.training.epochs,
-                learning_rate=spec.training.learning_rate,
-            ),
-            resources=ProfileRequest(limits=res.limits, workers=res.workers, ps=res.ps),
-        ),
+        job=profile_job(spec),
         outcome=Outcome(
             status="succeeded" if finished else "failed",
             reason="" if finished else f"not finished after {sim.max_duration_s:.0f}s",

@@ -1,0 +1,35 @@
+"""Where a training job's pods run: the :class:`ClusterBackend` port and its implementations.
+
+:mod:`.api` is the port and its values (no I/O); :mod:`.local` runs pods as local processes.
+A Kubernetes implementation will answer to the same port and the same behavioural test suite.
+"""
+
+from dlrover_kfp.backends.api import (
+    POD_CPU_ENV,
+    POD_MEMORY_ENV,
+    BackendClosedError,
+    BackendError,
+    ClusterBackend,
+    PodExistsError,
+    PodPhase,
+    PodReason,
+    PodSpec,
+    PodStatus,
+    PodUsage,
+)
+from dlrover_kfp.backends.local import LocalBackend
+
+__all__ = [
+    "POD_CPU_ENV",
+    "POD_MEMORY_ENV",
+    "BackendClosedError",
+    "BackendError",
+    "ClusterBackend",
+    "LocalBackend",
+    "PodExistsError",
+    "PodPhase",
+    "PodReason",
+    "PodSpec",
+    "PodStatus",
+    "PodUsage",
+]

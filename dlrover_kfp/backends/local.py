@@ -1,0 +1,472 @@
+"""A :class:`~dlrover_kfp.backends.api.ClusterBackend` whose pods are local OS processes.
+
+Used to develop and test the job master, and to train small jobs on one machine. It imitates
+what a Kubernetes pod gives a container, as far as a plain process allows:
+
+* **Process group = pod.** Each pod is started in a new session (``start_new_session``), so
+  deleting it signals the whole group, children included, and when the main process exits any
+  child it left behind is killed, like the rest of a container. A child that starts its own
+  session escapes this; the trainer does not do that.
+* **Memory limit = watchdog.** A thread samples every running pod's resident memory (children
+  included) every ``watchdog_interval_s`` and SIGKILLs the group once it exceeds ``memory_mb``,
+  reporting ``OOMKilled`` and exit code 137 as the kernel's cgroup OOM killer would. A pod can
+  overshoot between two samples; summed RSS counts pages shared between processes more than
+  once, so it is a little stricter than a cgroup's accounting.
+* **CPU limit = advice.** A local process's CPU cannot be capped portably. The requested cores
+  are given to the process in ``DLROVER_KFP_POD_CPU`` (and the memory limit in
+  ``DLROVER_KFP_POD_MEMORY_MB``) so the trainer sizes its thread pools to them, and
+  :meth:`LocalBackend.usage` reports them next to what was used, for the job profile. Pods can
+  still use more CPU than requested when the machine has it idle.
+
+Each pod's stdout and stderr are appended to ``<log_dir>/<name>.log``, between a header and a
+trailer line written by the backend (name, role, index, resources, outcome; never env values).
+
+Use it as a context manager so that an exception in the job master does not leave processes
+behind; an ``atexit`` hook is a second line of defence. Neither helps if the job master itself is
+SIGKILLed: its pods then keep running in their own sessions.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import psutil  # type: ignore[import-untyped, unused-ignore]
+
+from dlrover_kfp.backends.api import (
+    BackendClosedError,
+    PodExistsError,
+    PodPhase,
+    PodReason,
+    PodSpec,
+    PodStatus,
+    PodUsage,
+)
+from dlrover_kfp.ports import Clock, SystemClock
+
+logger = logging.getLogger(__name__)
+
+_MIB = 1024 * 1024
+_SIGKILL_EXIT = 128 + signal.SIGKILL  # 137, what a container runtime reports for SIGKILL
+# containerd reports a command that cannot be executed as exit code 128 with reason StartError.
+_START_ERROR_EXIT = 128
+
+
+def exit_code_of(returncode: int) -> int:
+    """A Popen return code as a container runtime reports it: killed by signal ``n`` -> 128+n."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@dataclass(eq=False)
+class _Pod:
+    """Mutable record of one launched pod; guarded by :attr:`LocalBackend._lock`."""
+
+    spec: PodSpec
+    process: subprocess.Popen[bytes] | None  # None: the command could not be started
+    handle: psutil.Process | None  # while running
+    started_at: float | None
+    cpu_mark: tuple[float, float] = (0.0, 0.0)  # (CPU seconds, monotonic time) at last usage()
+    returncode: int | None = None
+    finished_at: float | None = None
+    deleted: bool = False
+    oom_killed: bool = False
+    # Descendants seen at the last sample, by pid. A cache written by _sample() without the
+    # lock: replaced whole, never mutated, so a race only costs a fresh psutil.Process.
+    children: dict[int, psutil.Process] = field(default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.returncode is None
+
+    def status(self) -> PodStatus:
+        spec = self.spec
+        if self.process is None:
+            return PodStatus(
+                name=spec.name,
+                role=spec.role,
+                index=spec.index,
+                phase=PodPhase.FAILED,
+                exit_code=_START_ERROR_EXIT,
+                reason=PodReason.START_ERROR,
+                finished_at=self.finished_at,
+            )
+        if self.returncode is None:
+            return PodStatus(
+                name=spec.name,
+                role=spec.role,
+                index=spec.index,
+                phase=PodPhase.RUNNING,
+                started_at=self.started_at,
+            )
+        code = exit_code_of(self.returncode)
+        # Deletion wins over OOM: the job master had already given the pod up.
+        if self.deleted:
+            phase, reason = PodPhase.FAILED, PodReason.DELETED
+        elif self.oom_killed and self.returncode == -signal.SIGKILL:
+            phase, reason, code = PodPhase.FAILED, PodReason.OOM_KILLED, _SIGKILL_EXIT
+        elif code == 0:
+            phase, reason = PodPhase.SUCCEEDED, PodReason.COMPLETED
+        else:
+            phase, reason = PodPhase.FAILED, PodReason.ERROR
+        return PodStatus(
+            name=spec.name,
+            role=spec.role,
+            index=spec.index,
+            phase=phase,
+            exit_code=code,
+            reason=reason,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+        )
+
+
+class LocalBackend:
+    """Pods as local process groups; see the module docstring for what is and is not enforced.
+
+    ``clock`` stamps ``started_at``/``finished_at`` (epoch seconds); CPU rates are measured on
+    the monotonic clock regardless, so a fixed clock in tests does not break :meth:`usage`.
+    """
+
+    def __init__(
+        self,
+        log_dir: Path,
+        *,
+        watchdog_interval_s: float = 0.2,
+        clock: Clock | None = None,
+    ) -> None:
+        if watchdog_interval_s <= 0:
+            raise ValueError(f"watchdog_interval_s must be positive, got {watchdog_interval_s}")
+        self._log_dir = Path(log_dir)
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._interval = watchdog_interval_s
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        # Reentrant: _finish() is called both from the watchdog and from methods holding it.
+        self._lock = threading.RLock()
+        self._pods: dict[str, _Pod] = {}
+        self._closed = False
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(
+            target=self._watch, name="dlrover-kfp-local-watchdog", daemon=True
+        )
+        self._watchdog.start()
+        # Second line of defence after the context manager: an interpreter that exits without
+        # close() (a forgotten ``with``, sys.exit in a callback) still stops its pods.
+        atexit.register(self.close)
+
+    # -- context manager ---------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the port ----------------------------------------------------------------------------
+
+    def launch(self, pod: PodSpec) -> None:
+        with self._lock:
+            if self._closed:
+                raise BackendClosedError(f"backend closed: cannot launch {pod.name}")
+            old = self._pods.get(pod.name)
+            if old is not None:
+                self._poll(old)
+                if old.running:
+                    raise PodExistsError(f"pod {pod.name} is still running")
+            log_path = self.log_path(pod.name)
+            with log_path.open("ab") as log:
+                log.write(
+                    (
+                        f"--- dlrover-kfp launch {pod.name} role={pod.role} index={pod.index}"
+                        f" cpu={pod.cpu:g} memory_mb={pod.memory_mb}"
+                        f" env_keys={sorted(pod.env)} argv={list(pod.command)}\n"
+                    ).encode()
+                )
+                log.flush()
+                try:
+                    process = subprocess.Popen(
+                        pod.command,
+                        env=os.environ | dict(pod.env) | pod.resource_env(),
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                        close_fds=True,
+                    )
+                except OSError as e:
+                    # A cluster reports a command that cannot run as a failed pod, not as an
+                    # API error; so does this backend, so the job master has one path for it.
+                    log.write(f"--- dlrover-kfp StartError: {e}\n".encode())
+                    logger.warning("pod %s could not start: %s", pod.name, e)
+                    self._register(
+                        _Pod(
+                            spec=pod,
+                            process=None,
+                            handle=None,
+                            started_at=None,
+                            finished_at=self._clock.now(),
+                        )
+                    )
+                    return
+            try:
+                handle: psutil.Process | None = psutil.Process(process.pid)
+            except psutil.Error:  # gone already (and reaped by someone else): poll() will tell
+                handle = None
+            self._register(
+                _Pod(
+                    spec=pod,
+                    process=process,
+                    handle=handle,
+                    started_at=self._clock.now(),
+                    cpu_mark=(0.0, time.monotonic()),
+                )
+            )
+            logger.info(
+                "launched pod %s (role=%s index=%d pid=%d cpu=%g memory_mb=%d env_keys=%s)",
+                pod.name,
+                pod.role,
+                pod.index,
+                process.pid,
+                pod.cpu,
+                pod.memory_mb,
+                sorted(pod.env),
+            )
+
+    def delete(self, name: str, grace_s: float = 5.0) -> None:
+        with self._lock:
+            pod = self._pods.get(name)
+            if pod is None:
+                return
+            self._poll(pod)
+            if not pod.running:
+                return
+            pod.deleted = True
+        self._stop_pods([pod], grace_s)
+
+    def statuses(self) -> list[PodStatus]:
+        with self._lock:
+            for pod in self._pods.values():
+                self._poll(pod)
+            return [pod.status() for pod in self._pods.values()]
+
+    def usage(self) -> list[PodUsage]:
+        running = self._running_pods()
+        result = []
+        for pod in running:
+            sample = _sample(pod)
+            if sample is None:
+                continue
+            cpu_s, rss = sample
+            now = time.monotonic()
+            with self._lock:
+                if not pod.running:
+                    continue
+                last_cpu, last_t = pod.cpu_mark
+                pod.cpu_mark = (max(cpu_s, last_cpu), now)
+            wall = now - last_t
+            # CPU time of a child that exits without being waited for is lost from the sum;
+            # clamp instead of reporting negative use.
+            cores = max(0.0, cpu_s - last_cpu) / wall if wall > 0 else 0.0
+            spec = pod.spec
+            result.append(
+                PodUsage(
+                    name=spec.name,
+                    role=spec.role,
+                    index=spec.index,
+                    cpu_cores=cores,
+                    memory_mb=rss / _MIB,
+                    cpu_requested=spec.cpu,
+                    memory_requested_mb=spec.memory_mb,
+                )
+            )
+        return result
+
+    def close(self, grace_s: float = 5.0) -> None:
+        """Delete every running pod (all at once, one ``grace_s`` in total) and stop the
+        watchdog. Idempotent; statuses stay readable."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            running = self._running_pods()
+            for pod in running:
+                pod.deleted = True
+        try:
+            self._stop_pods(running, grace_s)
+        finally:
+            self._stop.set()
+            if threading.current_thread() is not self._watchdog:
+                self._watchdog.join(timeout=5.0)
+            atexit.unregister(self.close)
+
+    # -- local extras ------------------------------------------------------------------------
+
+    def log_path(self, name: str) -> Path:
+        """Where the pod's stdout and stderr go (appended across relaunches)."""
+        return self._log_dir / f"{name}.log"
+
+    def pid_of(self, name: str) -> int | None:
+        """The pod's main process id (also its process group id); None if it never started."""
+        with self._lock:
+            pod = self._pods.get(name)
+            if pod is None or pod.process is None:
+                return None
+            return pod.process.pid
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _register(self, pod: _Pod) -> None:
+        """Record a launch, replacing a finished pod of the same name. Popping first moves the
+        name to the end, so that statuses() lists pods in launch order."""
+        with self._lock:
+            self._pods.pop(pod.spec.name, None)
+            self._pods[pod.spec.name] = pod
+
+    def _poll(self, pod: _Pod) -> None:
+        """Notice whether a running pod's main process has exited."""
+        if pod.running and pod.process is not None:
+            returncode = pod.process.poll()
+            if returncode is not None:
+                self._finish(pod, returncode)
+
+    def _running_pods(self) -> list[_Pod]:
+        with self._lock:
+            for pod in self._pods.values():
+                self._poll(pod)
+            return [pod for pod in self._pods.values() if pod.running]
+
+    def _finish(self, pod: _Pod, returncode: int) -> None:
+        with self._lock:
+            if pod.returncode is not None:
+                return
+            pod.returncode = returncode
+            pod.finished_at = self._clock.now()
+            pod.handle = None
+            pod.children = {}
+            assert pod.process is not None
+            # The main process is gone; like a container's, the rest of its group goes too.
+            _kill_group(pod.process.pid, signal.SIGKILL)
+            status = pod.status()
+            trailer = (
+                f"--- dlrover-kfp {status.phase} {pod.spec.name}: reason={status.reason}"
+                f" exit_code={status.exit_code}\n"
+            )
+            try:
+                with self.log_path(pod.spec.name).open("ab") as log:
+                    log.write(trailer.encode())
+            except OSError as e:  # a full disk must not break status tracking
+                logger.warning("cannot append to the log of pod %s: %s", pod.spec.name, e)
+            log_at = logging.WARNING if status.phase == PodPhase.FAILED else logging.INFO
+            logger.log(
+                log_at,
+                "pod %s %s: reason=%s exit_code=%s",
+                pod.spec.name,
+                status.phase,
+                status.reason,
+                status.exit_code,
+            )
+
+    def _stop_pods(self, pods: Iterable[_Pod], grace_s: float) -> None:
+        """SIGTERM every group, wait up to ``grace_s`` in total, SIGKILL what is left. Runs
+        without the lock so that statuses and the watchdog go on meanwhile."""
+        pods = [p for p in pods if p.process is not None]
+        for pod in pods:
+            assert pod.process is not None
+            _kill_group(pod.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + max(0.0, grace_s)
+        for pod in pods:
+            assert pod.process is not None
+            try:
+                returncode = pod.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                logger.info("pod %s ignored SIGTERM for %gs: SIGKILL", pod.spec.name, grace_s)
+                _kill_group(pod.process.pid, signal.SIGKILL)
+                returncode = pod.process.wait()
+            self._finish(pod, returncode)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._check_all()
+            except Exception:  # the watchdog must outlive any one bad sample
+                logger.exception("local backend watchdog: sampling failed")
+
+    def _check_all(self) -> None:
+        for pod in self._running_pods():
+            sample = _sample(pod)
+            if sample is None:
+                continue
+            rss = sample[1]
+            limit = pod.spec.memory_mb * _MIB
+            if rss <= limit:
+                continue
+            with self._lock:
+                if not pod.running or pod.oom_killed:
+                    continue
+                pod.oom_killed = True
+                assert pod.process is not None
+                _kill_group(pod.process.pid, signal.SIGKILL)
+            logger.warning(
+                "pod %s used %.0f MiB > limit %d MiB: OOMKilled",
+                pod.spec.name,
+                rss / _MIB,
+                pod.spec.memory_mb,
+            )
+            # Reap now so the status reads OOMKilled without waiting for the next tick.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                assert pod.process is not None
+                self._finish(pod, pod.process.wait(timeout=1.0))
+
+
+def _kill_group(pgid: int, sig: int) -> None:
+    """Signal a pod's process group; an empty group (all exited) is fine.
+
+    The group id cannot be reused while any member lives, so this never hits a stranger.
+    """
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _sample(pod: _Pod) -> tuple[float, int] | None:
+    """(CPU seconds, RSS bytes) of the pod's main process and its descendants, or None if the
+    main process is gone. Descendants' CPU counts only while they live (plus what the process
+    collected from the children it waited for)."""
+    main = pod.handle
+    if main is None:
+        return None
+    try:
+        t = main.cpu_times()
+        cpu = float(t.user + t.system + t.children_user + t.children_system)
+        rss = int(main.memory_info().rss)
+        kids = main.children(recursive=True)
+    except psutil.Error:  # exited (or a zombie) between the poll and now
+        return None
+    # Reuse Process objects across samples: psutil then checks a pid is still the same process.
+    known = pod.children
+    live: dict[int, psutil.Process] = {}
+    for kid in kids:
+        proc = known.get(kid.pid, kid)
+        try:
+            kt = proc.cpu_times()
+            cpu += float(kt.user + kt.system)
+            rss += int(proc.memory_info().rss)
+        except psutil.Error:
+            continue
+        live[kid.pid] = proc
+    pod.children = live
+    return cpu, rss

@@ -1,0 +1,122 @@
+"""The master's side of flash checkpoints: ask every PS to snapshot, then commit when all persisted.
+
+A checkpoint runs on its own thread so that the master's loop keeps sampling while the PS write
+to disk; a checkpoint that comes due while the previous one is still persisting is skipped (the
+PS would otherwise block training until the earlier write is done). The master's own state (the
+data-shard ledger) goes into the manifest's ``extra``, so a restored job resumes its data where
+the restored parameters left it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dlrover_kfp.training import checkpoint as ckpt
+from dlrover_kfp.training.wire import Connection, connect
+
+log = logging.getLogger("dlrover_kfp.checkpoints")
+
+#: Seconds between polls of the PS's persist status.
+_POLL_S = 0.05
+
+
+class CheckpointCoordinator:
+    """Coordinates the job's PS through one control connection each."""
+
+    def __init__(
+        self,
+        root: Path,
+        ps_addresses: Sequence[tuple[str, int]],
+        secret: bytes,
+        *,
+        keep: int = 3,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self.root = root
+        self.keep = keep
+        self.timeout_s = timeout_s
+        root.mkdir(parents=True, exist_ok=True)
+        ckpt.prune_checkpoints(root, keep, all_tmp=True)
+        self.connections: list[Connection] = [
+            connect(address, secret, timeout=timeout_s) for address in ps_addresses
+        ]
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.committed: list[tuple[int, Path]] = []
+        self.blocked_s: list[float] = []
+        self.error: BaseException | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def checkpoint(self, step: int, *, extra: dict[str, Any], wait: bool = True) -> bool:
+        """Start a checkpoint of ``step``; False if the previous one is still in flight.
+
+        With ``wait`` it returns once the checkpoint is committed (and raises what failed).
+        """
+        if self.busy:
+            if not wait:
+                return False
+            self.join()
+        self._thread = threading.Thread(
+            target=self._run, args=(step, extra), name="checkpoint", daemon=True
+        )
+        self._thread.start()
+        if wait:
+            self.join()
+            if self.error is not None:
+                raise self.error
+        return True
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self, step: int, extra: dict[str, Any]) -> None:
+        try:
+            with self._lock:
+                blocked = [
+                    float(conn.request("checkpoint", {"step": step}).meta["blocked_s"])
+                    for conn in self.connections
+                ]
+                self.blocked_s.append(max(blocked))
+                parts = [self._wait_persisted(conn, step) for conn in self.connections]
+                path = ckpt.commit(self.root, step, parts, extra, keep=self.keep)
+                self.committed.append((step, path))
+                log.info(
+                    "checkpoint of step %d committed at %s (training paused %.3fs)",
+                    step,
+                    path,
+                    max(blocked),
+                )
+        except BaseException as exc:
+            self.error = exc
+            log.error("checkpoint of step %d failed: %s", step, exc)
+
+    def _wait_persisted(self, conn: Connection, step: int) -> ckpt.PartRecord:
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            status = conn.request("checkpoint_status").meta
+            if status["step"] == step and status["done"]:
+                if status["error"]:
+                    raise ckpt.CheckpointWriteError(f"PS persist failed: {status['error']}")
+                return ckpt.PartRecord.from_dict(status["part"])
+            time.sleep(_POLL_S)
+        raise ckpt.CheckpointWriteError(f"step {step} not persisted within {self.timeout_s:.0f}s")
+
+    def shutdown_ps(self) -> None:
+        """Stop every PS (after the final checkpoint)."""
+        self.join()
+        for conn in self.connections:
+            conn.request("shutdown")
+
+    def close(self) -> None:
+        self.join()
+        for conn in self.connections:
+            conn.close()

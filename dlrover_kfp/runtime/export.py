@@ -1,0 +1,108 @@
+"""The end of a run: assemble the trained model from the final checkpoint and evaluate it.
+
+The final checkpoint is restored onto a single PS (the checkpoint re-partitions the rows), which
+lays every table's rows out in id order; with the dense vector of PS 0 that is the whole
+:class:`~dlrover_kfp.training.model.FullDLRM`. The model is saved as a ``state_dict``
+(``model.pt``) beside ``model.json`` (its shape, step and metrics), both written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dlrover_kfp.core.documents import to_dict
+from dlrover_kfp.core.profile import Metrics
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.files import write_atomic
+from dlrover_kfp.training import checkpoint as ckpt
+from dlrover_kfp.training.data import RowRange, open_dataset
+from dlrover_kfp.training.metrics import log_loss, roc_auc
+from dlrover_kfp.training.model import FullDLRM, load_flat
+
+#: Rows per evaluation batch.
+EVAL_BATCH = 8192
+
+
+def assemble_model(spec: JobSpec, checkpoint_dir: Path) -> tuple[FullDLRM, int]:
+    """The trained model from the newest good checkpoint, and its step."""
+    restored = ckpt.load_checkpoint(checkpoint_dir, num_ps=1, ps_index=0)
+    if restored is None:
+        raise ckpt.CheckpointError(f"{checkpoint_dir}: no checkpoint to export a model from")
+    if restored.dense is None:
+        raise ckpt.CheckpointError(f"{restored.location}: no dense parameters")
+    model = FullDLRM(spec.model)
+    offsets = model.offsets
+    with torch.no_grad():
+        weights = torch.from_numpy(np.asarray(restored.weights))
+        for t, table in enumerate(model.embedding_bags()):
+            n = spec.model.table_sizes[t]
+            table.weight.copy_(weights[offsets[t] : offsets[t] + n])
+        load_flat(model.dense, torch.from_numpy(np.asarray(restored.dense)))
+    return model, restored.step
+
+
+@torch.no_grad()
+def evaluate(model: FullDLRM, spec: JobSpec, base_dir: Path, ranges: Sequence[RowRange]) -> Metrics:
+    """Log-loss and AUC of ``model`` on the held-out ``ranges``."""
+    if not ranges:
+        return Metrics(eval_rows=0)
+    dataset = open_dataset(spec.data, spec.model, base_dir)
+    labels: list[np.ndarray] = []
+    probs: list[np.ndarray] = []
+    for rows in ranges:
+        for start in range(rows.start, rows.end, EVAL_BATCH):
+            batch = dataset.read(RowRange(rows.source, start, min(rows.end, start + EVAL_BATCH)))
+            if not len(batch):
+                continue
+            logits = model(torch.from_numpy(batch.dense), torch.from_numpy(batch.sparse))
+            probs.append(torch.sigmoid(logits).numpy())
+            labels.append(batch.labels)
+    if not labels:
+        return Metrics(eval_rows=0)
+    y = np.concatenate(labels)
+    p = np.concatenate(probs)
+    auc = roc_auc(y, p)
+    return Metrics(
+        loss=round(log_loss(y, p), 6),
+        auc=None if auc is None else round(auc, 6),
+        eval_rows=len(y),
+    )
+
+
+def save_model(model: FullDLRM, spec: JobSpec, step: int, metrics: Metrics, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".model.pt.", dir=out)
+    os.close(fd)
+    try:
+        torch.save(model.state_dict(), tmp)
+        os.replace(tmp, out / "model.pt")
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    description = {
+        "format": "dlrover-kfp-dlrm/1",
+        "model": to_dict(spec.model),
+        "step": step,
+        "metrics": to_dict(metrics),
+        "state_dict": "model.pt (torch.load; keys dense.* and tables.N.weight)",
+    }
+    write_atomic(out / "model.json", json.dumps(description, indent=2) + "\n")
+
+
+def evaluate_and_export(
+    spec: JobSpec,
+    checkpoint_dir: Path,
+    model_dir: Path,
+    base_dir: Path,
+    eval_ranges: Sequence[RowRange],
+) -> tuple[Path, Metrics]:
+    model, step = assemble_model(spec, checkpoint_dir)
+    metrics = evaluate(model, spec, base_dir, eval_ranges)
+    save_model(model, spec, step, metrics, model_dir)
+    return model_dir, metrics

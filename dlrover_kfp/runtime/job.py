@@ -1,0 +1,416 @@
+"""Running a job to the end: launch the pods, observe them, checkpoint, evaluate, profile.
+
+A *static* run keeps the spec's own resources (``resources.workers``/``resources.ps``) for the
+whole job, like a plain TFJob: a pod that fails fails the job. The loop is the runtime's
+observe -> decide -> apply shape with the "decide" fixed; the elastic runtime plugs the
+planner's stages into the same loop.
+
+What the caller gets: ``DIR/profile.json`` (profile schema v1, with the per-pod CPU and memory
+samples the backend measured and the samples/s the workers reported), the trained model
+(``DIR/model/``), held-out log-loss and AUC, and the checkpoints under ``DIR/checkpoints``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dlrover_kfp.backends import ClusterBackend, PodPhase, PodSpec, PodStatus
+from dlrover_kfp.core.documents import to_dict, to_json
+from dlrover_kfp.core.plan import NodeGroup, Stage
+from dlrover_kfp.core.profile import (
+    AppliedPlan,
+    JobEvent,
+    JobProfile,
+    Metrics,
+    NodeSample,
+    Outcome,
+    RuntimeSample,
+    profile_job,
+)
+from dlrover_kfp.core.shards import ShardLedger
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.errors import TransientError, UserInputError
+from dlrover_kfp.files import write_atomic
+from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
+from dlrover_kfp.runtime.export import evaluate_and_export
+from dlrover_kfp.runtime.master import MasterService, MasterState
+from dlrover_kfp.training.data import open_dataset, split_ranges
+from dlrover_kfp.training.node import THREADS_ENV
+from dlrover_kfp.training.wire import SECRET_ENV_VAR, Server, new_secret, secret_to_env
+
+log = logging.getLogger("dlrover_kfp.job")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """How a run is carried out (not what it trains: that is the job spec)."""
+
+    #: rows per data shard; a multiple of the synthetic generator's block keeps reads cheap
+    shard_rows: int = 8192
+    #: the tail of every data source held out for the final log-loss and AUC
+    eval_fraction: float = 0.1
+    #: every push waits for its acknowledgement (for the step-by-step correctness test)
+    synchronous: bool = False
+    #: seconds between runtime samples (per-pod CPU and memory, samples/s)
+    sample_interval_s: float = 2.0
+    #: seconds between flash checkpoints; 0 means only the final one
+    checkpoint_interval_s: float = 60.0
+    #: committed checkpoints kept on disk
+    keep_checkpoints: int = 3
+    #: torch intra-op threads per process: 1, because pods on one machine share its cores
+    torch_threads: int = 1
+    #: seed of the model's initial values
+    seed: int = 0
+    #: seconds allowed for the PS to start and register
+    startup_timeout_s: float = 180.0
+    #: host the master listens on; pods must reach it
+    master_host: str = "127.0.0.1"
+    #: interpreter of the pods' processes
+    python: str = field(default_factory=lambda: sys.executable)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    profile: JobProfile
+    output_dir: Path
+    model_dir: Path | None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.profile.outcome.status == "succeeded"
+
+
+class JobFailedError(TransientError):
+    """A pod of a static run failed (OOM, crash, eviction): the run may succeed if retried."""
+
+
+Progress = Callable[[str], None]
+
+
+def _static_groups(spec: JobSpec) -> tuple[NodeGroup, NodeGroup]:
+    res = spec.resources
+    if res.workers is None or res.ps is None:
+        missing = "resources.workers" if res.workers is None else "resources.ps"
+        raise UserInputError(f"{missing}: a --static run needs the spec's own resources")
+    return res.workers.to_group(), res.ps.to_group()
+
+
+def _eta(done: int, total: int, rate: float) -> str:
+    if rate <= 0 or done >= total:
+        return "-"
+    seconds = (total - done) / rate
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
+
+
+class StaticRun:
+    """One run of a job with fixed resources. Build it, then call :meth:`run` once."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        backend: ClusterBackend,
+        *,
+        output_dir: Path,
+        base_dir: Path,
+        settings: RunSettings | None = None,
+        run_id: str | None = None,
+        progress: Progress | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spec = spec
+        self.backend = backend
+        self.output_dir = output_dir
+        self.base_dir = base_dir
+        self.settings = settings or RunSettings()
+        self.workers, self.ps = _static_groups(spec)
+        self.started_wall = time.time()
+        stamp = datetime.fromtimestamp(self.started_wall, UTC).strftime("%Y%m%dT%H%M%S")
+        self.run_id = run_id or f"{spec.name}-{stamp}"
+        self.progress = progress or (lambda line: log.info("%s", line))
+        self.clock = clock
+        self.samples: list[RuntimeSample] = []
+        self.events: list[JobEvent] = []
+
+        dataset = open_dataset(spec.data, spec.model, base_dir)  # bad data fails before pods
+        self.dataset_rows = sum(dataset.source_rows)
+        train, self.eval_ranges = split_ranges(
+            dataset.source_rows, self.settings.shard_rows, self.settings.eval_fraction
+        )
+        if not train:
+            raise UserInputError(f"data: no training rows in {dataset.description}")
+        self.ledger = ShardLedger(
+            tuple((r.source, r.start, r.end) for r in train), epochs=spec.training.epochs
+        )
+        self.secret = new_secret()
+
+    # -- pods ----------------------------------------------------------------------------------
+
+    def _pod(self, role: str, index: int, group: NodeGroup, master: tuple[str, int]) -> PodSpec:
+        host, port = master
+        return PodSpec(
+            name=f"{self.spec.name}-{role}-{index}",
+            role="ps" if role == "ps" else "worker",
+            index=index,
+            command=(
+                self.settings.python,
+                "-m",
+                "dlrover_kfp.training.node",
+                role,
+                str(index),
+                "--master",
+                f"{host}:{port}",
+            ),
+            env={
+                SECRET_ENV_VAR: secret_to_env(self.secret),
+                THREADS_ENV: str(self.settings.torch_threads),
+            },
+            cpu=group.cpu,
+            memory_mb=group.memory_mb,
+            labels={"job": self.spec.name, "role": role, "index": str(index)},
+        )
+
+    def _failed(self, statuses: list[PodStatus]) -> PodStatus | None:
+        return next((s for s in statuses if s.phase is PodPhase.FAILED), None)
+
+    # -- observation ---------------------------------------------------------------------------
+
+    def _sample(self, state: MasterState, t: float, last: tuple[float, int]) -> tuple[float, int]:
+        samples, steps, _, _ = state.totals()
+        t0, s0 = last
+        rate = (samples - s0) / (t - t0) if t > t0 else 0.0
+        usage = {u.name: u for u in self.backend.usage()}
+        with state.lock:
+            per_worker = {name: st.samples for name, st in state.workers.items()}
+        nodes = []
+        for u in usage.values():
+            nodes.append(
+                NodeSample(
+                    name=u.name,
+                    role=u.role,
+                    cpu_used=round(max(0.0, u.cpu_cores), 3),
+                    cpu_requested=u.cpu_requested,
+                    memory_used_mb=math.ceil(u.memory_mb),
+                    memory_requested_mb=u.memory_requested_mb,
+                    throughput=(
+                        round(self._worker_rate(u.index, per_worker, t), 1)
+                        if u.role == "worker"
+                        else None
+                    ),
+                )
+            )
+        self.samples.append(
+            RuntimeSample(
+                time=round(t, 3),
+                global_step=steps,
+                throughput=round(max(0.0, rate), 1),
+                workers=self.workers.count,
+                ps=self.ps.count,
+                worker_cpu=self.workers.cpu,
+                ps_cpu=self.ps.cpu,
+                nodes=tuple(nodes),
+            )
+        )
+        return t, samples
+
+    _worker_last: dict[int, tuple[float, int]]
+
+    def _worker_rate(self, index: int, per_worker: dict[str, int], t: float) -> float:
+        done = per_worker.get(f"worker-{index}", 0)
+        t0, s0 = self._worker_last.get(index, (0.0, 0))
+        self._worker_last[index] = (t, done)
+        return (done - s0) / (t - t0) if t > t0 else 0.0
+
+    # -- the run -------------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint_dir = self.output_dir / "checkpoints"
+        self._worker_last = {}
+        state = MasterState(
+            ledger=self.ledger,
+            num_ps=self.ps.count,
+            job_config={
+                "spec": to_dict(self.spec),
+                "base_dir": str(self.base_dir.resolve()),
+                "num_ps": self.ps.count,
+                "synchronous": self.settings.synchronous,
+                "seed": self.settings.seed,
+                "checkpoint_dir": str(checkpoint_dir.resolve()),
+                "job_id": self.run_id,
+            },
+        )
+        service = MasterService(state, clock=self.clock)
+        server = Server(
+            (self.settings.master_host, 0),
+            self.secret,
+            service.handle,
+            on_disconnect=service.on_disconnect,
+        )
+        server.serve_in_thread(name="master")
+        start = self.clock()
+        status, reason = "failed", ""
+        metrics = Metrics()
+        model_dir: Path | None = None
+        coordinator: CheckpointCoordinator | None = None
+        try:
+            address = server.address
+            for k in range(self.ps.count):
+                self.backend.launch(self._pod("ps", k, self.ps, address))
+            self.progress(
+                f"{self.run_id}: starting {self.ps.count} PS "
+                f"({self.ps.cpu:g} cpu, {self.ps.memory_mb} MiB each)"
+            )
+            self._wait_for_ps(state, start)
+            coordinator = CheckpointCoordinator(
+                checkpoint_dir,
+                [state.ps_addresses[k] for k in range(self.ps.count)],
+                self.secret,
+                keep=self.settings.keep_checkpoints,
+            )
+            for k in range(self.workers.count):
+                self.backend.launch(self._pod("worker", k, self.workers, address))
+            self.progress(
+                f"{self.run_id}: {self.workers.count} workers ({self.workers.cpu:g} cpu, "
+                f"{self.workers.memory_mb} MiB each), {len(self.ledger.ranges)} shards x "
+                f"{self.ledger.epochs} epoch(s), {self.ledger.total_rows:,} rows to train"
+            )
+            self._train(state, coordinator, start)
+            step = state.totals()[1]
+            coordinator.checkpoint(step, extra={"shards": self._ledger_dict(state)})
+            coordinator.shutdown_ps()
+            model_dir, metrics = evaluate_and_export(
+                self.spec,
+                checkpoint_dir,
+                self.output_dir / "model",
+                self.base_dir,
+                self.eval_ranges,
+            )
+            samples, _, loss_sum, bad = state.totals()
+            metrics = Metrics(
+                loss=metrics.loss,
+                auc=metrics.auc,
+                eval_rows=metrics.eval_rows,
+                train_loss=round(loss_sum / samples, 6) if samples else None,
+                bad_rows=bad,
+            )
+            status = "succeeded"
+        except JobFailedError as exc:
+            reason = str(exc)
+            self.progress(f"{self.run_id}: FAILED: {reason}")
+        finally:
+            if coordinator is not None:
+                coordinator.close()
+            self.backend.close()
+            server.stop()
+            server.close()
+        jct = self.clock() - start
+        samples, _, _, _ = state.totals()
+        profile = self._profile(status, reason, jct, samples, metrics)
+        write_atomic(self.output_dir / "profile.json", to_json(profile) + "\n")
+        return RunResult(profile=profile, output_dir=self.output_dir, model_dir=model_dir)
+
+    def _ledger_dict(self, state: MasterState) -> dict[str, Any]:
+        with state.lock:
+            return state.ledger.to_dict()
+
+    def _wait_for_ps(self, state: MasterState, start: float) -> None:
+        while True:
+            with state.lock:
+                if state.all_ps_registered:
+                    return
+            failed = self._failed(self.backend.statuses())
+            if failed is not None:
+                raise JobFailedError(self._describe_failure(failed))
+            if self.clock() - start > self.settings.startup_timeout_s:
+                raise JobFailedError(
+                    f"the PS did not start within {self.settings.startup_timeout_s:.0f}s"
+                )
+            time.sleep(0.05)
+
+    def _describe_failure(self, pod: PodStatus) -> str:
+        return f"pod {pod.name} {pod.reason or 'failed'} (exit code {pod.exit_code})"
+
+    def _train(self, state: MasterState, coordinator: CheckpointCoordinator, start: float) -> None:
+        s = self.settings
+        last_sample = (0.0, 0)
+        next_sample = s.sample_interval_s
+        next_checkpoint = s.checkpoint_interval_s if s.checkpoint_interval_s > 0 else math.inf
+        total = self.ledger.total_rows
+        worker_names = {f"{self.spec.name}-worker-{k}" for k in range(self.workers.count)}
+        while True:
+            time.sleep(0.1)
+            t = self.clock() - start
+            statuses = self.backend.statuses()
+            failed = self._failed(statuses)
+            if failed is not None:
+                self.events.append(
+                    JobEvent(
+                        time=round(t, 3),
+                        kind="oom" if failed.reason == "OOMKilled" else "failure",
+                        node=failed.name,
+                        detail=self._describe_failure(failed),
+                    )
+                )
+                raise JobFailedError(self._describe_failure(failed))
+            finished = {s_.name for s_ in statuses if s_.phase is PodPhase.SUCCEEDED}
+            with state.lock:
+                done = state.ledger.finished
+            if done and worker_names <= finished:
+                if not self.samples or t - self.samples[-1].time > 0.5:
+                    self._sample(state, t, last_sample)
+                return
+            if t >= next_sample:
+                last_sample = self._sample(state, t, last_sample)
+                next_sample = t + s.sample_interval_s
+                trained, steps, loss_sum, _ = state.totals()
+                recent = self.samples[-1].throughput
+                loss = f"{loss_sum / trained:.4f}" if trained else "-"
+                self.progress(
+                    f"[{100 * trained / total:5.1f}%] {trained:,}/{total:,} samples  "
+                    f"{recent:,.0f} samples/s  step {steps:,}  loss {loss}  "
+                    f"eta {_eta(trained, total, recent)}"
+                )
+            if t >= next_checkpoint:
+                steps = state.totals()[1]
+                started = coordinator.checkpoint(
+                    steps, extra={"shards": self._ledger_dict(state)}, wait=False
+                )
+                if started:
+                    self.progress(f"flash checkpoint of step {steps:,} started")
+                next_checkpoint = t + s.checkpoint_interval_s
+
+    def _profile(
+        self, status: str, reason: str, jct: float, samples: int, metrics: Metrics
+    ) -> JobProfile:
+        started = datetime.fromtimestamp(self.started_wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return JobProfile(
+            run_id=self.run_id,
+            started_at=started,
+            job=profile_job(self.spec, rows=self.dataset_rows),
+            plans=(
+                AppliedPlan(
+                    time=0.0,
+                    stage=Stage.MANUAL,
+                    reason="the spec's own resources (--static)",
+                    workers=self.workers,
+                    ps=self.ps,
+                ),
+            ),
+            samples=tuple(self.samples),
+            events=tuple(self.events),
+            outcome=Outcome(
+                status="succeeded" if status == "succeeded" else "failed",
+                jct_seconds=round(jct, 3),
+                samples_processed=samples,
+                reason=reason,
+            ),
+            metrics=metrics,
+        )

@@ -1,0 +1,210 @@
+"""The entry point of a job's PS and worker processes.
+
+    python -m dlrover_kfp.training.node ps 0 --master 10.0.0.5:41000
+    python -m dlrover_kfp.training.node worker 3 --master 10.0.0.5:41000
+
+The role and index are the first two arguments so that ``ps``/``top`` show which process is
+which. The job secret comes from ``DLROVER_KFP_JOB_SECRET`` (never the command line, which every
+user of the machine can read); everything else (the job spec, the PS addresses, the run
+settings) comes from the master, so a pod needs nothing but its role, index and master address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dlrover_kfp.core.documents import parse
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.errors import DlroverKfpError
+from dlrover_kfp.runtime.master import CONFIG, GET_SHARD, REGISTER, REPORT
+from dlrover_kfp.training import ps_server
+from dlrover_kfp.training.data import Batch, RowRange, open_dataset
+from dlrover_kfp.training.ps_client import RemotePs
+from dlrover_kfp.training.step import WorkerModel
+from dlrover_kfp.training.wire import Connection, connect, secret_from_env
+
+log = logging.getLogger("dlrover_kfp.node")
+
+#: How long a starting process keeps trying to reach the master or a PS (they start in any order).
+CONNECT_RETRY_S = 120.0
+#: Environment variable with the torch intra-op thread count (the backend sets it per pod).
+THREADS_ENV = "DLROVER_KFP_TORCH_THREADS"
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _set_threads() -> None:
+    threads = int(os.environ.get(THREADS_ENV, "1"))
+    torch.set_num_threads(max(1, threads))
+    torch.set_num_interop_threads(1)
+
+
+def fetch_config(master: Connection, role: str, index: int) -> dict[str, Any]:
+    """The job configuration from the master, waiting until it can give one."""
+    while True:
+        reply = master.request(CONFIG, {"role": role, "index": index})
+        if not reply.meta.get("wait"):
+            return dict(reply.meta)
+        time.sleep(0.05)
+
+
+def job_spec(config: dict[str, Any]) -> JobSpec:
+    return parse(JobSpec, config["spec"], "job spec from the master")
+
+
+def advertise_host(master_host: str) -> str:
+    """The address peers should use to reach this process: the interface that reaches the master."""
+    if master_host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_host, 9))  # no packet is sent for UDP connect
+        return str(probe.getsockname()[0])
+
+
+# --- worker ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Work:
+    shard: dict[str, Any]
+    batch: Batch
+
+
+def _prefetch(
+    name: str,
+    master: Connection,
+    config: dict[str, Any],
+    out: queue.Queue[_Work | BaseException | None],
+) -> None:
+    """Lease shards and read their rows one shard ahead of training (its own connection)."""
+    try:
+        spec = job_spec(config)
+        dataset = open_dataset(spec.data, spec.model, config["base_dir"])
+        while True:
+            reply = master.request(GET_SHARD, {"worker": name})
+            shard = reply.meta["shard"]
+            if shard is None:
+                if reply.meta["finished"]:
+                    out.put(None)
+                    return
+                time.sleep(0.02)  # every shard is leased; wait for the epoch to finish
+                continue
+            rows = RowRange(int(shard["source"]), int(shard["start"]), int(shard["end"]))
+            out.put(_Work(shard, dataset.read(rows)))
+    except BaseException as exc:  # handed to the training thread, which exits non-zero
+        out.put(exc)
+
+
+def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> None:
+    name = f"worker-{index}"
+    master = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
+    config = fetch_config(master, "worker", index)
+    spec = job_spec(config)
+    batch_size = spec.training.batch_size
+    connections = [
+        connect((str(h), int(p)), secret, retry_for=CONNECT_RETRY_S) for h, p in config["ps"]
+    ]
+    servers = RemotePs(connections, synchronous=bool(config["synchronous"]))
+    model = WorkerModel(spec.model, servers, seed=int(config["seed"]))
+    lease_conn = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
+    work: queue.Queue[_Work | BaseException | None] = queue.Queue(maxsize=1)
+    threading.Thread(
+        target=_prefetch, args=(name, lease_conn, config, work), daemon=True, name="prefetch"
+    ).start()
+    log.info("%s: training against %d PS", name, servers.num_ps)
+    while True:
+        item = work.get()
+        if item is None:
+            break
+        if isinstance(item, BaseException):
+            raise item
+        loss_sum, steps = 0.0, 0
+        batch = item.batch
+        for start in range(0, len(batch), batch_size):
+            part = batch.slice(start, min(start + batch_size, len(batch)))
+            loss_sum += model.train_step(part) * len(part)
+            steps += 1
+        servers.flush()  # the shard's updates are applied before it is reported done
+        master.request(
+            REPORT,
+            {
+                "worker": name,
+                "shard": item.shard["id"],
+                "epoch": item.shard["epoch"],
+                "samples": len(batch),
+                "steps": steps,
+                "loss_sum": loss_sum,
+                "bad_rows": batch.bad_rows,
+            },
+        )
+    servers.close()
+    master.close()
+    lease_conn.close()
+    log.info("%s: no shards left, exiting", name)
+
+
+# --- entry point -----------------------------------------------------------------------------
+
+
+def run_ps(index: int, master_address: tuple[str, int], secret: bytes) -> None:
+    master = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
+    config = fetch_config(master, "ps", index)
+    host = advertise_host(master_address[0])
+
+    def register(port: int) -> None:
+        master.request(REGISTER, {"index": index, "address": [host, port]})
+
+    ps_server.serve(index, config, secret, register, bind_host=host)
+    master.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dlrover_kfp.training.node",
+        description="A PS or worker process of a dlrover-kfp training job.",
+    )
+    parser.add_argument("role", choices=("ps", "worker"))
+    parser.add_argument("index", type=int)
+    parser.add_argument("--master", type=_address, required=True, metavar="HOST:PORT")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s {args.role}-{args.index}: %(message)s",
+        stream=sys.stderr,
+    )
+    _set_threads()
+    try:
+        secret = secret_from_env()
+        if args.role == "ps":
+            run_ps(args.index, args.master, secret)
+        else:
+            run_worker(args.index, args.master, secret)
+    except DlroverKfpError as exc:
+        log.error("%s", exc)
+        return 2 if not exc.retryable else 75
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

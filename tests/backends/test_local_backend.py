@@ -1,0 +1,520 @@
+"""One behavioural suite for every :class:`~dlrover_kfp.backends.api.ClusterBackend`.
+
+:class:`ClusterBackendContract` holds what any backend must do, written only against the port.
+A backend's test class inherits it and provides three fixtures:
+
+* ``backend``: a fresh backend, closed after the test;
+* ``python``: the argv prefix that runs Python inside a pod (``(sys.executable,)`` locally,
+  ``("python",)`` in a container image);
+* ``shared_dir``: a directory that both the test and the pods can read and write (``tmp_path``
+  locally; a mounted volume on a cluster, or ``pytest.skip`` where there is none).
+
+The class attributes ``start_timeout_s`` and ``oom_timeout_s`` give a slower backend more time.
+
+:class:`TestLocalBackend` runs the contract on local processes and adds what only processes
+have: pids, process groups, log files, the memory watchdog.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped, unused-ignore]
+import pytest
+
+from dlrover_kfp.backends import (
+    POD_CPU_ENV,
+    POD_MEMORY_ENV,
+    BackendClosedError,
+    ClusterBackend,
+    LocalBackend,
+    PodExistsError,
+    PodPhase,
+    PodSpec,
+    PodStatus,
+)
+from dlrover_kfp.backends.local import exit_code_of
+from dlrover_kfp.core.profile import Role
+from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.ports import FixedClock
+
+SECRET = "s3cr3t-value-that-must-not-leak"
+
+SLEEP_FOREVER = "import time; time.sleep(60)"
+IGNORE_SIGTERM = (
+    "import signal, sys, time, pathlib\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "pathlib.Path(sys.argv[3]).write_text('ready')\n"
+    "time.sleep(60)\n"
+)
+# Grows to 400 MiB in 20 MiB steps; bytes * n writes every page, so all of it is resident.
+GROW_400_MB = (
+    "import time\n"
+    "chunks = []\n"
+    "for _ in range(20):\n"
+    "    chunks.append(b'x' * (20 << 20))\n"
+    "    time.sleep(0.02)\n"
+    "time.sleep(30)\n"
+)
+
+
+def wait_for(
+    backend: ClusterBackend,
+    name: str,
+    predicate: Callable[[PodStatus], bool],
+    timeout_s: float,
+) -> PodStatus:
+    deadline = time.monotonic() + timeout_s
+    last: PodStatus | None = None
+    while True:
+        last = next((s for s in backend.statuses() if s.name == name), None)
+        if last is not None and predicate(last):
+            return last
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pod {name} not as expected after {timeout_s}s: {last}")
+        time.sleep(0.02)
+
+
+def terminal(status: PodStatus) -> bool:
+    return status.phase.terminal
+
+
+def running(status: PodStatus) -> bool:
+    return status.phase == PodPhase.RUNNING
+
+
+def wait_file(path: Path, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() or not path.read_text():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} not written within {timeout_s}s")
+        time.sleep(0.02)
+    return path.read_text()
+
+
+class ClusterBackendContract:
+    """The behaviour every cluster backend shares; see the module docstring for the fixtures."""
+
+    start_timeout_s = 10.0
+    oom_timeout_s = 3.0
+
+    @pytest.fixture
+    def pod(self, python: tuple[str, ...]) -> Callable[..., PodSpec]:
+        """Builds a pod running ``code`` with ``python -c``; argv names role and index."""
+
+        def make(
+            name: str,
+            code: str,
+            *,
+            role: Role = "worker",
+            index: int = 0,
+            extra_args: tuple[str, ...] = (),
+            env: dict[str, str] | None = None,
+            cpu: float = 1.0,
+            memory_mb: int = 256,
+        ) -> PodSpec:
+            return PodSpec(
+                name=name,
+                role=role,
+                index=index,
+                command=(*python, "-c", code, f"--role={role}", f"--index={index}", *extra_args),
+                env=env or {},
+                cpu=cpu,
+                memory_mb=memory_mb,
+                labels={"job": "test", "role": role},
+            )
+
+        return make
+
+    def test_pod_runs_to_success(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        backend.launch(pod("ctr-ps-0", "import time; time.sleep(0.3)", role="ps", index=0))
+        first = wait_for(backend, "ctr-ps-0", lambda s: True, self.start_timeout_s)
+        assert first.phase in (PodPhase.PENDING, PodPhase.RUNNING)
+        wait_for(backend, "ctr-ps-0", running, self.start_timeout_s)
+
+        done = wait_for(backend, "ctr-ps-0", terminal, self.start_timeout_s)
+
+        assert (done.phase, done.reason, done.exit_code) == (PodPhase.SUCCEEDED, "Completed", 0)
+        assert (done.role, done.index) == ("ps", 0)
+        assert done.started_at is not None and done.finished_at is not None
+        assert done.started_at <= done.finished_at
+
+    def test_nonzero_exit_is_an_error_with_its_code(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        backend.launch(pod("ctr-worker-1", "import sys; sys.exit(3)", index=1))
+
+        done = wait_for(backend, "ctr-worker-1", terminal, self.start_timeout_s)
+
+        assert (done.phase, done.reason, done.exit_code) == (PodPhase.FAILED, "Error", 3)
+        assert (done.role, done.index) == ("worker", 1)
+
+    def test_pod_over_its_memory_limit_is_oom_killed(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        backend.launch(pod("ctr-ps-1", GROW_400_MB, role="ps", index=1, memory_mb=200))
+        wait_for(backend, "ctr-ps-1", running, self.start_timeout_s)
+        started = time.monotonic()
+
+        done = wait_for(backend, "ctr-ps-1", terminal, self.oom_timeout_s)
+
+        assert (done.phase, done.reason, done.exit_code) == (PodPhase.FAILED, "OOMKilled", 137)
+        assert time.monotonic() - started < self.oom_timeout_s
+
+    def test_delete_terminates_and_is_idempotent(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        backend.launch(pod("ctr-worker-0", SLEEP_FOREVER))
+        wait_for(backend, "ctr-worker-0", running, self.start_timeout_s)
+
+        backend.delete("ctr-worker-0", grace_s=5.0)
+        after = wait_for(backend, "ctr-worker-0", lambda s: True, 0)
+        backend.delete("ctr-worker-0", grace_s=5.0)
+        backend.delete("never-launched")
+
+        assert (after.phase, after.reason, after.exit_code) == (PodPhase.FAILED, "Deleted", 143)
+        again = wait_for(backend, "ctr-worker-0", lambda s: True, 0)
+        assert again == after
+
+    def test_pod_ignoring_sigterm_is_killed_after_the_grace_period(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec], shared_dir: Path
+    ) -> None:
+        ready = shared_dir / "ready"
+        backend.launch(pod("ctr-worker-2", IGNORE_SIGTERM, index=2, extra_args=(str(ready),)))
+        wait_file(ready, self.start_timeout_s)
+
+        started = time.monotonic()
+        backend.delete("ctr-worker-2", grace_s=0.5)
+        elapsed = time.monotonic() - started
+        done = wait_for(backend, "ctr-worker-2", terminal, self.start_timeout_s)
+
+        assert 0.5 <= elapsed < 3.0
+        assert (done.phase, done.reason, done.exit_code) == (PodPhase.FAILED, "Deleted", 137)
+
+    def test_duplicate_running_name_raises_but_a_finished_one_relaunches(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        backend.launch(pod("ctr-worker-0", SLEEP_FOREVER))
+
+        with pytest.raises(PodExistsError):
+            backend.launch(pod("ctr-worker-0", "pass"))
+
+        backend.delete("ctr-worker-0", grace_s=1.0)
+        backend.launch(pod("ctr-worker-0", "import sys; sys.exit(7)"))
+        done = wait_for(backend, "ctr-worker-0", terminal, self.start_timeout_s)
+        assert (done.reason, done.exit_code) == ("Error", 7)
+        assert [s.name for s in backend.statuses()] == ["ctr-worker-0"]
+
+    def test_usage_reports_cpu_and_memory_of_running_pods_only(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        backend.launch(pod("ctr-worker-0", "while True: pass", cpu=2.0, memory_mb=300))
+        backend.launch(pod("ctr-worker-1", "pass", index=1))
+        wait_for(backend, "ctr-worker-1", terminal, self.start_timeout_s)
+        wait_for(backend, "ctr-worker-0", running, self.start_timeout_s)
+        time.sleep(0.3)
+        backend.usage()  # since start: includes the interpreter's start-up
+
+        time.sleep(1.0)
+        (busy,) = backend.usage()
+
+        assert busy.name == "ctr-worker-0"
+        assert 0.6 <= busy.cpu_cores <= 1.3
+        assert 0 < busy.memory_mb < 300
+        assert (busy.role, busy.index) == ("worker", 0)
+        assert (busy.cpu_requested, busy.memory_requested_mb) == (2.0, 300)
+        backend.delete("ctr-worker-0", grace_s=1.0)
+        assert backend.usage() == []
+
+    def test_env_and_resources_reach_the_pod(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec], shared_dir: Path
+    ) -> None:
+        out = shared_dir / "env.txt"
+        code = (
+            "import os, sys, pathlib\n"
+            "pathlib.Path(sys.argv[3]).write_text(os.environ['DLROVER_TEST_SECRET'])\n"
+            f"ok = os.environ[{POD_CPU_ENV!r}] == '1.5'\n"
+            f"ok = ok and os.environ[{POD_MEMORY_ENV!r}] == '256'\n"
+            "sys.exit(0 if ok else 5)\n"
+        )
+        backend.launch(
+            pod(
+                "ctr-worker-0",
+                code,
+                extra_args=(str(out),),
+                env={"DLROVER_TEST_SECRET": SECRET},
+                cpu=1.5,
+                memory_mb=256,
+            )
+        )
+
+        done = wait_for(backend, "ctr-worker-0", terminal, self.start_timeout_s)
+
+        assert (done.reason, done.exit_code) == ("Completed", 0)
+        assert out.read_text() == SECRET
+        assert SECRET not in repr(backend.statuses())
+
+    def test_close_stops_every_pod_and_refuses_new_ones(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        backend.launch(pod("ctr-ps-0", SLEEP_FOREVER, role="ps"))
+        backend.launch(pod("ctr-worker-0", SLEEP_FOREVER))
+        backend.launch(pod("ctr-worker-1", "pass", index=1))
+        wait_for(backend, "ctr-worker-1", terminal, self.start_timeout_s)
+
+        backend.close()
+        backend.close()
+
+        by_name = {s.name: s for s in backend.statuses()}
+        assert by_name["ctr-ps-0"].reason == "Deleted"
+        assert by_name["ctr-worker-0"].reason == "Deleted"
+        assert by_name["ctr-worker-1"].reason == "Completed"  # finished before: left as it was
+        assert [s.name for s in backend.statuses()] == ["ctr-ps-0", "ctr-worker-0", "ctr-worker-1"]
+        with pytest.raises(BackendClosedError):
+            backend.launch(pod("ctr-worker-2", "pass", index=2))
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie awaiting its (re)parent's wait()."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_dead(pid: int, timeout_s: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# Starts a grandchild that sleeps, writes its pid to argv[3], then runs argv[4] as its own body.
+SPAWN_GRANDCHILD = (
+    "import pathlib, subprocess, sys\n"
+    "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "pathlib.Path(sys.argv[3]).write_text(str(kid.pid))\n"
+    "exec(sys.argv[4])\n"
+)
+
+
+class TestLocalBackend(ClusterBackendContract):
+    oom_timeout_s = 3.0
+
+    @pytest.fixture
+    def backend(self, tmp_path: Path) -> Iterator[LocalBackend]:
+        with LocalBackend(tmp_path / "logs") as backend:
+            yield backend
+            backend.close(grace_s=0.5)
+
+    @pytest.fixture
+    def python(self) -> tuple[str, ...]:
+        return (sys.executable,)
+
+    @pytest.fixture
+    def shared_dir(self, tmp_path: Path) -> Path:
+        path = tmp_path / "shared"
+        path.mkdir()
+        return path
+
+    def test_close_leaves_no_process_alive(
+        self, backend: LocalBackend, pod: Callable[..., PodSpec], tmp_path: Path
+    ) -> None:
+        kid_file, ready = tmp_path / "kid", tmp_path / "ready"
+        backend.launch(
+            pod("ctr-ps-0", SPAWN_GRANDCHILD, role="ps", extra_args=(str(kid_file), SLEEP_FOREVER))
+        )
+        backend.launch(pod("ctr-worker-0", IGNORE_SIGTERM, extra_args=(str(ready),)))
+        grandchild = int(wait_file(kid_file, 5.0))
+        wait_file(ready, 5.0)
+        pids = [backend.pid_of("ctr-ps-0"), backend.pid_of("ctr-worker-0")]
+        assert all(pid is not None and alive(pid) for pid in pids)
+
+        started = time.monotonic()
+        backend.close(grace_s=0.5)
+
+        assert time.monotonic() - started < 2.0  # one grace period for all pods, not one each
+        assert not any(psutil.pid_exists(pid) for pid in pids if pid is not None)  # reaped
+        assert wait_dead(grandchild)
+
+    def test_context_manager_kills_pods_when_the_caller_raises(
+        self, tmp_path: Path, pod: Callable[..., PodSpec]
+    ) -> None:
+        pid = None
+        with (
+            pytest.raises(RuntimeError, match="job master crashed"),
+            LocalBackend(tmp_path / "logs") as backend,
+        ):
+            backend.launch(pod("ctr-worker-0", SLEEP_FOREVER))
+            pid = backend.pid_of("ctr-worker-0")
+            raise RuntimeError("job master crashed")
+
+        assert pid is not None and not psutil.pid_exists(pid)
+        assert backend.statuses()[0].reason == "Deleted"
+
+    def test_interpreter_exit_without_close_still_stops_pods(self, tmp_path: Path) -> None:
+        script = (
+            "import sys\n"
+            "from pathlib import Path\n"
+            "from dlrover_kfp.backends import LocalBackend, PodSpec\n"
+            "backend = LocalBackend(Path(sys.argv[1]))\n"
+            "backend.launch(PodSpec(name='ctr-worker-0', role='worker', index=0, cpu=1.0,\n"
+            "    memory_mb=100, command=(sys.executable, '-c', 'import time; time.sleep(60)')))\n"
+            "print(backend.pid_of('ctr-worker-0'))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / "logs")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=Path(__file__).parents[2],
+            check=True,
+        )
+
+        assert wait_dead(int(done.stdout))
+
+    def test_leftover_children_die_with_the_main_process(
+        self, backend: LocalBackend, pod: Callable[..., PodSpec], tmp_path: Path
+    ) -> None:
+        kid_file = tmp_path / "kid"
+        backend.launch(pod("ctr-worker-0", SPAWN_GRANDCHILD, extra_args=(str(kid_file), "pass")))
+
+        done = wait_for(backend, "ctr-worker-0", terminal, 5.0)
+
+        assert done.reason == "Completed"
+        assert wait_dead(int(wait_file(kid_file, 1.0)))
+
+    def test_memory_of_child_processes_counts_against_the_limit(
+        self, backend: LocalBackend, pod: Callable[..., PodSpec], tmp_path: Path
+    ) -> None:
+        code = "import subprocess, sys\nsubprocess.run([sys.executable, '-c', sys.argv[3]])\n"
+        backend.launch(pod("ctr-ps-0", code, role="ps", memory_mb=200, extra_args=(GROW_400_MB,)))
+
+        done = wait_for(backend, "ctr-ps-0", terminal, self.oom_timeout_s + 1.0)
+
+        assert (done.reason, done.exit_code) == ("OOMKilled", 137)
+
+    def test_secrets_stay_out_of_log_file_logging_and_repr(
+        self,
+        backend: LocalBackend,
+        pod: Callable[..., PodSpec],
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        caplog.set_level(logging.DEBUG)
+        spec = pod(
+            "ctr-worker-0", "print('hello from the pod')", env={"DLROVER_TEST_SECRET": SECRET}
+        )
+
+        backend.launch(spec)
+        wait_for(backend, "ctr-worker-0", terminal, 5.0)
+
+        log = backend.log_path("ctr-worker-0").read_text()
+        assert "hello from the pod" in log
+        assert "DLROVER_TEST_SECRET" in log  # the key is named: it tells what the pod was given
+        assert "--role=worker" in log and "reason=Completed" in log
+        for text in (log, caplog.text, repr(spec), str(spec)):
+            assert SECRET not in text
+
+    def test_relaunch_appends_to_the_same_log(
+        self, backend: LocalBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        for attempt in range(2):
+            backend.launch(pod("ctr-worker-0", f"print('attempt {attempt}')"))
+            wait_for(backend, "ctr-worker-0", terminal, 5.0)
+
+        log = backend.log_path("ctr-worker-0").read_text()
+        assert log.index("attempt 0") < log.index("attempt 1")
+
+    def test_command_that_cannot_start_is_a_failed_pod(
+        self, backend: LocalBackend, tmp_path: Path
+    ) -> None:
+        missing = str(tmp_path / "no-such-binary")
+        backend.launch(
+            PodSpec(
+                name="ctr-worker-0",
+                role="worker",
+                index=0,
+                command=(missing, "--role=worker", "--index=0"),
+                cpu=1.0,
+                memory_mb=100,
+            )
+        )
+
+        (status,) = backend.statuses()
+
+        assert (status.phase, status.reason, status.exit_code) == (
+            PodPhase.FAILED,
+            "StartError",
+            128,
+        )
+        assert "StartError" in backend.log_path("ctr-worker-0").read_text()
+        assert backend.usage() == []
+
+    def test_times_come_from_the_injected_clock(
+        self, tmp_path: Path, pod: Callable[..., PodSpec]
+    ) -> None:
+        with LocalBackend(tmp_path / "logs", clock=FixedClock(1_000.0)) as backend:
+            backend.launch(pod("ctr-worker-0", "pass"))
+            done = wait_for(backend, "ctr-worker-0", terminal, 5.0)
+
+        assert (done.started_at, done.finished_at) == (1_000.0, 1_000.0)
+
+    def test_signal_deaths_read_as_container_exit_codes(self) -> None:
+        assert exit_code_of(-signal.SIGKILL) == 137
+        assert exit_code_of(-signal.SIGTERM) == 143
+        assert exit_code_of(3) == 3
+        assert exit_code_of(0) == 0
+
+
+class TestPodSpec:
+    def make(self, **changes: object) -> PodSpec:
+        fields: dict[str, object] = {
+            "name": "ctr-daily-ps-0",
+            "role": "ps",
+            "index": 0,
+            "command": ("python", "-m", "trainer", "--role=ps", "--index=0"),
+            "env": {"TOKEN": SECRET},
+            "cpu": 2.0,
+            "memory_mb": 1024,
+        } | changes
+        return PodSpec(**fields)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize(
+        "changes",
+        [
+            {"name": "Ctr_PS_0"},
+            {"name": "-ps-0"},
+            {"name": "a" * 64},
+            {"role": "chief"},
+            {"index": -1},
+            {"cpu": 0.0},
+            {"memory_mb": 0},
+            {"command": ()},
+            {"env": {POD_CPU_ENV: "8"}},
+        ],
+    )
+    def test_invalid_specs_are_refused(self, changes: dict[str, object]) -> None:
+        with pytest.raises(UserInputError):
+            self.make(**changes)
+
+    def test_repr_masks_env_values_and_the_spec_is_frozen(self) -> None:
+        env = {"TOKEN": SECRET}
+        spec = self.make(env=env, command=["python", "--role=ps", "--index=0"])
+        env["TOKEN"] = "changed"
+
+        assert SECRET not in repr(spec) and "'TOKEN'" in repr(spec)
+        assert spec.env["TOKEN"] == SECRET  # a copy, not the caller's dict
+        assert spec.command == ("python", "--role=ps", "--index=0")
+        assert spec.resource_env() == {POD_CPU_ENV: "2", POD_MEMORY_ENV: "1024"}
+        with pytest.raises(TypeError):
+            spec.env["TOKEN"] = "x"  # type: ignore[index]
