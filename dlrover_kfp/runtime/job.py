@@ -42,6 +42,7 @@ from dlrover_kfp.files import write_atomic
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.export import evaluate_and_export
 from dlrover_kfp.runtime.master import MasterService, MasterState
+from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.data import open_dataset, split_ranges
 from dlrover_kfp.training.node import THREADS_ENV
 from dlrover_kfp.training.wire import SECRET_ENV_VAR, Server, new_secret, secret_to_env
@@ -311,6 +312,8 @@ class StaticRun:
             self.backend.close()
             server.stop()
             server.close()
+            # The PS's shared-memory snapshots hold memory until unlinked; the disk copies stay.
+            ckpt.cleanup_shm(self.run_id)
         jct = self.clock() - start
         samples, _, _, _ = state.totals()
         profile = self._profile(status, reason, jct, samples, metrics)

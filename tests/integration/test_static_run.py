@@ -1,0 +1,267 @@
+"""Static runs end to end: real PS and worker processes on the local backend.
+
+These start real processes (a few seconds each): the job's arithmetic checked against the stock
+in-process PyTorch trainer, real Criteo rows, checkpoints re-partitioned onto other PS counts,
+and a pod killed for memory failing the run with a profile that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+from dlrover_kfp.backends import LocalBackend
+from dlrover_kfp.core.documents import json_schema, load_text, parse, to_dict
+from dlrover_kfp.core.partition import Partition
+from dlrover_kfp.core.profile import JobProfile
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.runtime.job import RunResult, RunSettings, StaticRun
+from dlrover_kfp.training.checkpoint import list_checkpoints, load_checkpoint
+from dlrover_kfp.training.data import RowRange, open_dataset, split_ranges
+from dlrover_kfp.training.reference import ReferenceTrainer
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+SMALL_MODEL = (
+    "{embedding_dim: 8, table_sizes: [1000, 50, 7, 3000], dense_features: 13, "
+    "bottom_mlp: [16, 8], top_mlp: [16, 1]}"
+)
+
+
+def spec_of(text: str) -> JobSpec:
+    return parse(JobSpec, load_text(text, "test"), "test")
+
+
+def static_run(
+    spec: JobSpec, tmp_path: Path, base_dir: Path | None = None, **settings: object
+) -> RunResult:
+    options: dict[str, object] = {"checkpoint_interval_s": 0.0, "sample_interval_s": 0.2}
+    options.update(settings)
+    out = tmp_path / "out"
+    with LocalBackend(out / "logs") as backend:
+        run = StaticRun(
+            spec,
+            backend,
+            output_dir=out,
+            base_dir=base_dir or tmp_path,
+            settings=RunSettings(**options),  # type: ignore[arg-type]
+            progress=lambda line: None,
+        )
+        return run.run()
+
+
+def test_one_worker_one_ps_matches_the_in_process_reference(tmp_path: Path) -> None:
+    """Synchronous 1 worker + 1 PS in processes == stock PyTorch in one process, to 1e-5."""
+    spec = spec_of(
+        f"""
+name: sync-check
+model: {SMALL_MODEL}
+data: {{format: synthetic, rows: 2400, seed: 5}}
+training: {{batch_size: 256, learning_rate: 0.05}}
+resources:
+  workers: {{count: 1, cpu: 1, memory: 2Gi}}
+  ps: {{count: 1, cpu: 1, memory: 2Gi}}
+"""
+    )
+    result = static_run(spec, tmp_path, synchronous=True, shard_rows=512, eval_fraction=0.1)
+    assert result.succeeded, result.profile.outcome.reason
+    assert result.model_dir is not None
+    trained = torch.load(result.model_dir / "model.pt")
+
+    # The same shards in the same order (one worker leases them in order), cut the same way.
+    dataset = open_dataset(spec.data, spec.model)
+    shards, _ = split_ranges(dataset.source_rows, 512, 0.1)
+    reference = ReferenceTrainer(spec.model, spec.training.learning_rate, seed=0)
+    losses = []
+    for shard in shards:
+        batch = dataset.read(shard)
+        for start in range(0, len(batch), 256):
+            losses.append(reference.train_step(batch.slice(start, min(start + 256, len(batch)))))
+    assert len(losses) == 9  # 2160 training rows: 4 shards of 512 (2 steps) + 112 rows (1)
+    assert result.profile.samples[-1].global_step == len(losses)
+    expected = reference.model.state_dict()
+    assert set(trained) == set(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(trained[name], value, atol=1e-5, rtol=1e-5, msg=name)
+    # And training moved the model: the reference after 9 steps is far from its start.
+    fresh = ReferenceTrainer(spec.model, 0.05, seed=0).model.state_dict()
+    assert (trained["dense.top.0.weight"] - fresh["dense.top.0.weight"]).abs().max() > 1e-3
+
+
+def test_real_criteo_rows_of_every_layout_train_and_bad_rows_are_counted(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("criteo_sample.csv", "criteo_kaggle_train.csv"):
+        shutil.copy(DATA / name, data / name)
+    # The released layout: tab separated, no header; with two malformed rows in it.
+    rows = (DATA / "criteo_kaggle_test.csv").read_text().splitlines()
+    tsv = [r.replace(",", "\t") for r in rows]
+    tsv.insert(5, "1\tnot-a-number" + "\t" * 38)
+    tsv.insert(9, "0\t1\t2")
+    (data / "criteo_day.tsv").write_text("\n".join(tsv) + "\n")
+    tables = ", ".join(["1000"] * 26)
+    spec = spec_of(
+        f"""
+name: criteo-real
+model: {{embedding_dim: 8, table_sizes: [{tables}], bottom_mlp: [16, 8], top_mlp: [16, 1]}}
+data: {{format: criteo, path: "data/*"}}
+training: {{batch_size: 64, epochs: 2}}
+resources:
+  workers: {{count: 2, cpu: 1, memory: 2Gi}}
+  ps: {{count: 2, cpu: 1, memory: 2Gi}}
+"""
+    )
+    result = static_run(spec, tmp_path, shard_rows=64)
+    profile = result.profile
+    assert result.succeeded, profile.outcome.reason
+    assert profile.metrics.bad_rows == 2 * 2  # two bad rows, read once per epoch
+    assert profile.metrics.eval_rows and profile.metrics.eval_rows >= 3
+    assert profile.metrics.loss is not None and 0.0 < profile.metrics.loss < 1.5
+    source_rows = open_dataset(spec.data, spec.model, tmp_path).source_rows
+    assert len(source_rows) == 3
+    assert profile.job.data.rows == sum(source_rows)
+    train, _ = split_ranges(source_rows, 64, 0.1)
+    # Every good training row, twice (two epochs); the two bad rows are in the training part.
+    assert profile.outcome.samples_processed == 2 * (sum(r.rows for r in train) - 2)
+
+
+def test_checkpoint_of_two_ps_restores_onto_three_and_one(tmp_path: Path) -> None:
+    spec = spec_of(
+        f"""
+name: repartition
+model: {SMALL_MODEL}
+data: {{format: synthetic, rows: 3000, seed: 2}}
+training: {{batch_size: 128}}
+resources:
+  workers: {{count: 1, cpu: 1, memory: 2Gi}}
+  ps: {{count: 2, cpu: 1, memory: 2Gi}}
+"""
+    )
+    result = static_run(spec, tmp_path, shard_rows=512)
+    assert result.succeeded, result.profile.outcome.reason
+    root = result.output_dir / "checkpoints"
+    assert list_checkpoints(root)
+    rows = sum(spec.model.table_sizes)
+
+    def assemble(num_ps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        weights = np.zeros((rows, 8), np.float32)
+        accum = np.zeros((rows, 8), np.float32)
+        dense = np.zeros(0, np.float32)
+        part = Partition(rows, num_ps)
+        for k in range(num_ps):
+            restored = load_checkpoint(root, num_ps=num_ps, ps_index=k)
+            assert restored is not None and restored.from_num_ps == 2
+            weights[part.gids_of(k)] = restored.weights
+            accum[part.gids_of(k)] = restored.accum
+            if k == 0:
+                assert restored.dense is not None
+                dense = np.asarray(restored.dense)
+        return weights, accum, dense
+
+    w2, a2, d2 = assemble(2)
+    assert np.count_nonzero(a2) > 0  # training updated rows: the accumulators are not empty
+    for num_ps in (3, 1):
+        w, a, d = assemble(num_ps)
+        np.testing.assert_array_equal(w, w2)
+        np.testing.assert_array_equal(a, a2)
+        np.testing.assert_array_equal(d, d2)
+
+
+def test_a_pod_killed_for_memory_fails_the_run_and_the_profile_says_so(tmp_path: Path) -> None:
+    # 4M rows x 16 x 4 B x 2 (weights + Adagrad) = 512 MiB of PS state in a 320 MiB pod.
+    spec = spec_of(
+        """
+name: oom
+model: {embedding_dim: 16, table_sizes: [4000000], bottom_mlp: [16], top_mlp: [8, 1]}
+data: {format: synthetic, rows: 4000}
+training: {batch_size: 128}
+resources:
+  workers: {count: 1, cpu: 1, memory: 2Gi}
+  ps: {count: 1, cpu: 1, memory: 320Mi}
+"""
+    )
+    result = static_run(spec, tmp_path, startup_timeout_s=60.0)
+    profile = result.profile
+    assert profile.outcome.status == "failed"
+    assert "oom-ps-0" in profile.outcome.reason
+    assert "OOMKilled" in profile.outcome.reason
+    written = json.loads((result.output_dir / "profile.json").read_text())
+    assert written["outcome"]["status"] == "failed"
+
+
+def test_profile_has_real_samples_and_validates_against_the_published_schema(
+    tmp_path: Path,
+) -> None:
+    spec = spec_of(
+        f"""
+name: samples
+model: {SMALL_MODEL}
+data: {{format: synthetic, rows: 60000, seed: 1}}
+training: {{batch_size: 256}}
+resources:
+  workers: {{count: 2, cpu: 1, memory: 2Gi}}
+  ps: {{count: 1, cpu: 1.5, memory: 1Gi}}
+"""
+    )
+    result = static_run(spec, tmp_path, shard_rows=2048, sample_interval_s=0.3)
+    assert result.succeeded, result.profile.outcome.reason
+    document = json.loads((result.output_dir / "profile.json").read_text())
+    jsonschema.validate(document, json_schema(JobProfile))
+    profile = result.profile
+    assert profile.outcome.samples_processed == 54000
+    busy = [s for s in profile.samples if s.throughput > 0]
+    assert busy, "no sample saw training"
+    nodes = [n for s in busy for n in s.nodes]
+    assert {n.role for n in nodes} == {"worker", "ps"}
+    assert {n.name for n in nodes} == {"samples-worker-0", "samples-worker-1", "samples-ps-0"}
+    assert all(n.memory_used_mb > 100 for n in nodes)  # a Python process with torch loaded
+    assert max(n.cpu_used for n in nodes if n.role == "worker") > 0.2
+    assert all(n.cpu_requested == (1.5 if n.role == "ps" else 1.0) for n in nodes)
+    assert max(n.throughput or 0 for n in nodes if n.role == "worker") > 0
+    assert profile.plans[0].stage == "manual"
+    assert to_dict(profile.plans[0].workers) == {"count": 2, "cpu": 1.0, "memory_mb": 2048}
+
+
+@pytest.mark.parametrize("missing", ["workers", "ps"])
+def test_a_static_run_needs_the_specs_own_resources(tmp_path: Path, missing: str) -> None:
+    resources = {
+        "workers": "  workers: {count: 1, cpu: 1, memory: 2Gi}\n",
+        "ps": "  ps: {count: 1, cpu: 1, memory: 2Gi}\n",
+    }
+    del resources[missing]
+    spec = spec_of(
+        f"name: x\nmodel: {SMALL_MODEL}\ndata: {{format: synthetic, rows: 100}}\n"
+        f"training: {{batch_size: 8}}\nresources:\n" + "".join(resources.values())
+    )
+    with LocalBackend(tmp_path / "logs") as backend, pytest.raises(ValueError) as err:
+        StaticRun(spec, backend, output_dir=tmp_path / "o", base_dir=tmp_path)
+    assert f"resources.{missing}" in str(err.value)
+    assert backend.statuses() == []
+
+
+def test_held_out_rows_are_never_trained(tmp_path: Path) -> None:
+    spec = spec_of(
+        f"name: x\nmodel: {SMALL_MODEL}\ndata: {{format: synthetic, rows: 1000}}\n"
+        "training: {batch_size: 8}\nresources:\n"
+        "  workers: {count: 1, cpu: 1, memory: 2Gi}\n  ps: {count: 1, cpu: 1, memory: 2Gi}\n"
+    )
+    with LocalBackend(tmp_path / "logs") as backend:
+        run = StaticRun(
+            spec,
+            backend,
+            output_dir=tmp_path / "o",
+            base_dir=tmp_path,
+            settings=RunSettings(shard_rows=128, eval_fraction=0.2),
+        )
+    trained = {(s, r) for s, a, b in run.ledger.ranges for r in range(a, b)}
+    held_out = {(e.source, r) for e in run.eval_ranges for r in range(e.start, e.end)}
+    assert len(held_out) == 200 and not trained & held_out
+    assert len(trained) + len(held_out) == 1000
+    assert run.eval_ranges == [RowRange(0, 800, 1000)]
