@@ -100,6 +100,9 @@ class RuntimeSample:
     worker_cpu: CoresValue = Field(description="CPU requested per worker (cores)")
     ps_cpu: CoresValue = Field(description="CPU requested per PS (cores)")
     nodes: tuple[NodeSample, ...] = ()
+    loss: float | None = Field(
+        default=None, description="mean training loss of the samples trained since the last one"
+    )
 
 
 EventKind = Literal["oom", "relaunch", "migration", "straggler", "scale", "failure"]

@@ -183,10 +183,13 @@ class StaticRun:
 
     # -- observation ---------------------------------------------------------------------------
 
-    def _sample(self, state: MasterState, t: float, last: tuple[float, int]) -> tuple[float, int]:
-        samples, steps, _, _ = state.totals()
-        t0, s0 = last
+    def _sample(
+        self, state: MasterState, t: float, last: tuple[float, int, float]
+    ) -> tuple[float, int, float]:
+        samples, steps, loss_sum, _ = state.totals()
+        t0, s0, l0 = last
         rate = (samples - s0) / (t - t0) if t > t0 else 0.0
+        loss = round((loss_sum - l0) / (samples - s0), 6) if samples > s0 else None
         usage = {u.name: u for u in self.backend.usage()}
         with state.lock:
             per_worker = {name: st.samples for name, st in state.workers.items()}
@@ -217,9 +220,10 @@ class StaticRun:
                 worker_cpu=self.workers.cpu,
                 ps_cpu=self.ps.cpu,
                 nodes=tuple(nodes),
+                loss=loss,
             )
         )
-        return t, samples
+        return t, samples, loss_sum
 
     _worker_last: dict[int, tuple[float, int]]
 
@@ -343,7 +347,7 @@ class StaticRun:
 
     def _train(self, state: MasterState, coordinator: CheckpointCoordinator, start: float) -> None:
         s = self.settings
-        last_sample = (0.0, 0)
+        last_sample = (0.0, 0, 0.0)
         next_sample = s.sample_interval_s
         next_checkpoint = s.checkpoint_interval_s if s.checkpoint_interval_s > 0 else math.inf
         total = self.ledger.total_rows

@@ -1,0 +1,258 @@
+"""A parameter server over the real transport: PsService behind a wire.Server, used via RemotePs.
+
+Two PS run in threads of the test process on 127.0.0.1. Every check compares the served state
+with a copy of the same PsState updated directly, so the transport must neither lose, reorder
+nor alter an update.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from dlrover_kfp.core.spec import ModelSpec
+from dlrover_kfp.training.ps_client import RemotePs
+from dlrover_kfp.training.ps_server import PsService
+from dlrover_kfp.training.ps_state import PsConfig, PsState
+from dlrover_kfp.training.wire import (
+    Connection,
+    PeerUnavailableError,
+    RemoteError,
+    Server,
+    connect,
+    new_secret,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+SPEC = ModelSpec(
+    table_sizes=(300, 20, 5),
+    embedding_dim=4,
+    dense_features=3,
+    bottom_mlp=(8, 4),
+    top_mlp=(8, 1),
+)
+NUM_PS = 2
+LR = 0.1
+SEED = 4
+SECRET = new_secret()
+
+
+@dataclass
+class RunningPs:
+    service: PsService
+    server: Server
+    thread: threading.Thread
+
+
+@dataclass
+class Cluster:
+    ps: list[RunningPs]
+    conns: list[Connection]
+
+    @property
+    def states(self) -> list[PsState]:
+        return [p.service.state for p in self.ps]
+
+    def client(self, *, synchronous: bool) -> RemotePs:
+        return RemotePs(self.conns, synchronous=synchronous)
+
+
+def start_ps(k: int) -> RunningPs:
+    service = PsService(PsState(PsConfig(SPEC, NUM_PS, k, LR, seed=SEED)), checkpointer=None)
+    server = Server(("127.0.0.1", 0), SECRET, service.handle)
+    service.server = server
+    return RunningPs(service, server, server.serve_in_thread(name=f"ps-{k}"))
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    ps = [start_ps(k) for k in range(NUM_PS)]
+    conns = [connect(p.server.address, SECRET, timeout=10) for p in ps]
+    try:
+        yield Cluster(ps, conns)
+    finally:
+        for conn in conns:
+            conn.close()
+        for p in ps:
+            p.server.close()
+
+
+def twin(states: list[PsState]) -> list[PsState]:
+    """Independent copies of the PS states, to update directly as the expected result."""
+    return [copy.deepcopy(s) for s in states]
+
+
+def random_push(
+    rng: np.random.Generator, states: list[PsState], dense: bool
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor | None]:
+    slots, grads = [], []
+    for s in states:
+        rows = s.weights.shape[0]
+        n = int(rng.integers(0, 12))
+        slots.append(torch.from_numpy(rng.choice(rows, size=n, replace=False).astype(np.int64)))
+        grads.append(torch.from_numpy(rng.standard_normal((n, SPEC.embedding_dim), np.float32)))
+    dense_grad = None
+    if dense:
+        assert states[0].dense is not None
+        size = states[0].dense.numel()
+        dense_grad = torch.from_numpy(rng.standard_normal(size, np.float32))
+    return slots, grads, dense_grad
+
+
+def apply_directly(
+    states: list[PsState],
+    slots: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    dense_grad: torch.Tensor | None,
+) -> None:
+    for s, sl, g in zip(states, slots, grads, strict=True):
+        if len(sl):
+            s.apply_sparse(sl, g)
+    if dense_grad is not None:
+        states[0].apply_dense(dense_grad)
+
+
+def assert_same_state(served: list[PsState], expected: list[PsState]) -> None:
+    for a, b in zip(served, expected, strict=True):
+        for name, tensor in b.arrays().items():
+            assert torch.equal(a.arrays()[name], tensor), name
+
+
+def test_lookup_returns_exactly_the_states_rows(cluster: Cluster) -> None:
+    ps = cluster.client(synchronous=True)
+    rng = np.random.default_rng(0)
+    for with_dense in (True, False, True):
+        slots = [
+            torch.from_numpy(rng.integers(0, s.weights.shape[0], size=9).astype(np.int64))
+            for s in cluster.states
+        ]
+        rows, dense = ps.lookup(slots, with_dense)
+        assert len(rows) == NUM_PS
+        for r, s, state in zip(rows, slots, cluster.states, strict=True):
+            assert r.dtype == torch.float32
+            assert torch.equal(r, state.weights[s])
+        if with_dense:
+            assert dense is not None
+            assert torch.equal(dense, cluster.states[0].dense)
+        else:
+            assert dense is None
+    # An empty request for a PS is answered with no rows.
+    empty = torch.zeros(0, dtype=torch.int64)
+    rows, _ = ps.lookup([empty, empty], False)
+    assert [tuple(r.shape) for r in rows] == [(0, SPEC.embedding_dim)] * NUM_PS
+
+
+def test_synchronous_push_applies_adagrad_as_the_state_would(cluster: Cluster) -> None:
+    expected = twin(cluster.states)
+    ps = cluster.client(synchronous=True)
+    rng = np.random.default_rng(1)
+    for i in range(5):
+        slots, grads, dense_grad = random_push(rng, expected, dense=i % 2 == 0)
+        ps.push(slots, grads, dense_grad)
+        apply_directly(expected, slots, grads, dense_grad)
+        # Synchronous: applied by the time push returns.
+        assert_same_state(cluster.states, expected)
+    assert cluster.ps[0].service.pushes == 5
+    assert cluster.ps[1].service.pushes == 5
+    # Something did change (the comparison is not between two untouched states).
+    fresh = PsState(PsConfig(SPEC, NUM_PS, 0, LR, seed=SEED))
+    assert not torch.equal(cluster.states[0].weights, fresh.weights)
+
+
+def test_asynchronous_pushes_are_all_applied_after_flush(cluster: Cluster) -> None:
+    expected = twin(cluster.states)
+    ps = cluster.client(synchronous=False)
+    rng = np.random.default_rng(2)
+    n = 20
+    for _ in range(n):
+        slots, grads, dense_grad = random_push(rng, expected, dense=True)
+        ps.push(slots, grads, dense_grad)
+        apply_directly(expected, slots, grads, dense_grad)
+    assert ps._unacked == [n] * NUM_PS  # nothing waited for yet
+    ps.flush()
+    assert ps._unacked == [0] * NUM_PS
+    assert_same_state(cluster.states, expected)
+    assert [p.service.pushes for p in cluster.ps] == [n] * NUM_PS
+
+
+def test_asynchronous_lookup_sees_the_workers_own_earlier_pushes(cluster: Cluster) -> None:
+    expected = twin(cluster.states)
+    ps = cluster.client(synchronous=False)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        slots, grads, dense_grad = random_push(rng, expected, dense=True)
+        ps.push(slots, grads, dense_grad)
+        apply_directly(expected, slots, grads, dense_grad)
+    every = [torch.arange(s.weights.shape[0]) for s in expected]
+    rows, dense = ps.lookup(every, True)  # drains the acks first; no flush needed
+    for r, state in zip(rows, expected, strict=True):
+        assert torch.equal(r, state.weights)
+    assert dense is not None
+    assert torch.equal(dense, expected[0].dense)
+
+
+def test_checkpoint_without_checkpointer_is_an_error_and_serving_goes_on(
+    cluster: Cluster,
+) -> None:
+    conn = cluster.conns[0]
+    with pytest.raises(RemoteError, match="without a checkpoint directory") as err:
+        conn.request("checkpoint", {"step": 7})
+    assert err.value.remote_type == "ValueError"
+    with pytest.raises(RemoteError, match="without a checkpoint directory"):
+        conn.request("checkpoint_status")
+    # The same connection still works.
+    ps = cluster.client(synchronous=True)
+    slots = [torch.tensor([0, 1]), torch.tensor([2])]
+    rows, _ = ps.lookup(slots, False)
+    assert torch.equal(rows[0], cluster.states[0].weights[:2])
+
+
+def test_unknown_request_and_bad_requests_are_remote_errors(cluster: Cluster) -> None:
+    with pytest.raises(RemoteError, match="unknown request 'frobnicate'"):
+        cluster.conns[1].request("frobnicate")
+    # Only PS 0 has dense parameters to send.
+    with pytest.raises(RemoteError, match="holds no dense parameters"):
+        cluster.conns[1].request("lookup", {"dense": True}, (np.array([0], dtype=np.int64),))
+    before = cluster.states[1].weights.clone()
+    rows = cluster.states[1].weights.shape[0]
+    with pytest.raises(RemoteError):
+        cluster.conns[1].request(
+            "push", None, (np.array([rows], np.int64), np.ones((1, 4), np.float32))
+        )
+    assert torch.equal(cluster.states[1].weights, before)  # a refused push changes nothing
+    assert cluster.conns[1].request("stats").meta["ps_index"] == 1
+
+
+def test_stats_count_lookups_and_pushes(cluster: Cluster) -> None:
+    ps = cluster.client(synchronous=True)
+    slots = [torch.tensor([0, 1, 2]), torch.tensor([3, 4])]
+    grads = [torch.ones(3, 4), torch.ones(2, 4)]
+    for _ in range(3):
+        ps.lookup(slots, True)
+    ps.push(slots, grads, None)
+    stats = [conn.request("stats").meta for conn in cluster.conns]
+    assert [s["ps_index"] for s in stats] == [0, 1]
+    assert [s["lookups"] for s in stats] == [3, 3]
+    assert [s["pushes"] for s in stats] == [1, 1]
+    assert [s["rows_served"] for s in stats] == [9, 6]
+    assert stats[0]["state_bytes"] == cluster.states[0].nbytes
+    assert stats[1]["state_bytes"] == cluster.states[1].nbytes < stats[0]["state_bytes"]
+    assert all(s["busy_s"] >= 0 for s in stats)
+
+
+def test_shutdown_stops_the_server(cluster: Cluster) -> None:
+    running = cluster.ps[1]
+    assert cluster.conns[1].request("shutdown").kind == "ok"
+    running.thread.join(timeout=10)
+    assert not running.thread.is_alive()
+    with pytest.raises(PeerUnavailableError):
+        connect(running.server.address, SECRET, timeout=2)
+    # The other PS is unaffected.
+    assert cluster.conns[0].request("stats").meta["ps_index"] == 0
