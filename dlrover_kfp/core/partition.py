@@ -51,6 +51,8 @@ class Partition:
 
     def gids_of(self, ps: int) -> IntArray:
         """Global ids held by ``ps``, in slot order."""
+        if not 0 <= ps < self.num_ps:
+            raise ValueError(f"PS index {ps} out of range for {self.num_ps} PS")
         return np.arange(ps, self.total_rows, self.num_ps, dtype=np.int64)
 
 

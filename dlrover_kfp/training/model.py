@@ -173,12 +173,17 @@ class FullDLRM(nn.Module):
 
 
 def load_flat(module: nn.Module, values: torch.Tensor) -> None:
-    """Copy a flat vector (in :class:`FlatParameters` order) into ``module``'s parameters."""
+    """Copy a flat vector (in :class:`FlatParameters` order) into ``module``'s parameters.
+
+    The size is checked first, so a vector of the wrong size changes nothing.
+    """
+    params = list(module.parameters())
+    total = sum(p.numel() for p in params)
+    if values.numel() != total:
+        raise ValueError(f"flat vector of {values.numel()} values for {total} parameters")
     offset = 0
     with torch.no_grad():
-        for p in module.parameters():
+        for p in params:
             n = p.numel()
             p.copy_(values[offset : offset + n].view_as(p))
             offset += n
-    if offset != values.numel():
-        raise ValueError(f"flat vector of {values.numel()} values for {offset} parameters")

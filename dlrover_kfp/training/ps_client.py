@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from dlrover_kfp.training.wire import Connection, Message
+from dlrover_kfp.training.wire import Connection, Message, RemoteError
 
 LOOKUP = "lookup"
 PUSH = "push"
@@ -85,6 +85,8 @@ class RemotePs:
 
 
 def _expect(reply: Message, kind: str, ps: int) -> Message:
+    if reply.kind == "error":
+        raise RemoteError(f"PS {ps}: {reply.meta.get('message', 'request failed')}")
     if reply.kind != kind:
         raise RuntimeError(f"PS {ps} answered {reply.kind!r}, expected {kind!r}")
     return reply

@@ -17,9 +17,11 @@ import pytest
 import torch
 
 from dlrover_kfp.core.spec import ModelSpec
+from dlrover_kfp.training.data import RowRange, SyntheticCriteo
 from dlrover_kfp.training.ps_client import RemotePs
 from dlrover_kfp.training.ps_server import PsService
 from dlrover_kfp.training.ps_state import PsConfig, PsState
+from dlrover_kfp.training.step import InProcessPs, WorkerModel
 from dlrover_kfp.training.wire import (
     Connection,
     PeerUnavailableError,
@@ -196,6 +198,20 @@ def test_asynchronous_lookup_sees_the_workers_own_earlier_pushes(cluster: Cluste
         assert torch.equal(r, state.weights)
     assert dense is not None
     assert torch.equal(dense, expected[0].dense)
+
+
+@pytest.mark.parametrize("synchronous", [True, False])
+def test_worker_over_the_wire_trains_like_in_process(cluster: Cluster, synchronous: bool) -> None:
+    local = twin(cluster.states)
+    data = SyntheticCriteo(64 * 4, SPEC.table_sizes, SPEC.dense_features, seed=1)
+    remote_worker = WorkerModel(SPEC, cluster.client(synchronous=synchronous), seed=SEED)
+    local_worker = WorkerModel(SPEC, InProcessPs(local), seed=SEED)
+    for step in range(4):
+        batch = data.read(RowRange(0, 64 * step, 64 * (step + 1)))
+        assert remote_worker.train_step(batch) == local_worker.train_step(batch)
+    held_out = data.read(RowRange(0, 0, 64))
+    assert np.array_equal(remote_worker.predict(held_out), local_worker.predict(held_out))
+    assert_same_state(cluster.states, local)
 
 
 def test_checkpoint_without_checkpointer_is_an_error_and_serving_goes_on(

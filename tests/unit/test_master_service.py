@@ -1,0 +1,207 @@
+"""The master's RPC handlers: PS registration, worker configuration, shard leases and reports."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from dlrover_kfp.core.shards import ShardLedger
+from dlrover_kfp.runtime.master import (
+    CONFIG,
+    GET_SHARD,
+    REGISTER,
+    REPORT,
+    MasterService,
+    MasterState,
+)
+from dlrover_kfp.training.wire import (
+    Message,
+    PeerInfo,
+    RemoteError,
+    Server,
+    connect,
+    new_secret,
+)
+
+RANGES = ((0, 0, 100), (0, 100, 200), (0, 200, 250))
+JOB_CONFIG = {"job_id": "job-1", "seed": 3, "spec": {"name": "demo"}}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_service(num_ps: int = 2, lease_s: float = 60.0) -> tuple[MasterService, Clock]:
+    ledger = ShardLedger(ranges=RANGES, epochs=1, lease_s=lease_s)
+    state = MasterState(ledger=ledger, num_ps=num_ps, job_config=dict(JOB_CONFIG))
+    clock = Clock()
+    return MasterService(state, clock=clock), clock
+
+
+def call(service: MasterService, peer: PeerInfo, kind: str, **meta: Any) -> Message:
+    return service.handle(peer, Message(kind, meta, ()))
+
+
+def get_shard(service: MasterService, peer: PeerInfo, worker: str) -> dict[str, Any]:
+    reply = call(service, peer, GET_SHARD, worker=worker)
+    assert reply.kind == "shard"
+    return reply.meta
+
+
+def report(
+    service: MasterService, peer: PeerInfo, worker: str, shard: int, epoch: int = 0, **extra: Any
+) -> bool:
+    meta = {"samples": 100, "steps": 2, "loss_sum": 1.5, **extra}
+    reply = call(service, peer, REPORT, worker=worker, shard=shard, epoch=epoch, **meta)
+    assert reply.kind == "ok"
+    return bool(reply.meta["accepted"])
+
+
+def test_worker_config_waits_until_every_ps_registered() -> None:
+    service, _ = make_service(num_ps=2)
+    ps1, ps0, worker = PeerInfo(1, ("h", 1)), PeerInfo(2, ("h", 2)), PeerInfo(3, ("h", 3))
+    assert call(service, worker, CONFIG, role="worker").meta == {"wait": True}
+    assert call(service, ps1, REGISTER, index=1, address=["10.0.0.2", 7001]).kind == "ok"
+    assert call(service, worker, CONFIG, role="worker").meta == {"wait": True}
+    assert not service.state.all_ps_registered
+    call(service, ps0, REGISTER, index=0, address=["10.0.0.1", 7000])
+    assert service.state.all_ps_registered
+    reply = call(service, worker, CONFIG, role="worker")
+    assert reply.kind == "config"
+    # The job config, with the PS addresses in PS-index order (not registration order).
+    assert reply.meta == {**JOB_CONFIG, "ps": [["10.0.0.1", 7000], ["10.0.0.2", 7001]]}
+    assert "wait" not in reply.meta
+
+
+def test_ps_get_their_config_without_waiting() -> None:
+    service, _ = make_service(num_ps=2)
+    reply = call(service, PeerInfo(1, ("h", 1)), CONFIG, role="ps")
+    assert reply.meta == {**JOB_CONFIG, "ps": []}
+
+
+def test_re_registration_replaces_the_address() -> None:
+    service, _ = make_service(num_ps=1)
+    peer = PeerInfo(1, ("h", 1))
+    call(service, peer, REGISTER, index=0, address=["a", 1])
+    call(service, peer, REGISTER, index=0, address=["b", 2])
+    assert service.state.ps_addresses == {0: ("b", 2)}
+
+
+@pytest.mark.parametrize("index", [-1, 2, 7])
+def test_register_out_of_range_is_refused(index: int) -> None:
+    service, _ = make_service(num_ps=2)
+    with pytest.raises(ValueError, match="out of range"):
+        call(service, PeerInfo(1, ("h", 1)), REGISTER, index=index, address=["h", 1])
+    assert service.state.ps_addresses == {}
+
+
+def test_unknown_request_is_refused() -> None:
+    service, _ = make_service()
+    with pytest.raises(ValueError, match="unknown request"):
+        call(service, PeerInfo(1, ("h", 1)), "launch_missiles")
+
+
+def test_get_shard_leases_and_report_completes() -> None:
+    service, _ = make_service()
+    peer = PeerInfo(1, ("h", 1))
+    first = get_shard(service, peer, "w0")
+    assert first == {
+        "shard": {"id": 0, "source": 0, "start": 0, "end": 100, "epoch": 0},
+        "finished": False,
+    }
+    assert peer.state["leases_for"] == "w0"
+    assert report(service, peer, "w0", 0, samples=100, steps=2, loss_sum=1.5, bad_rows=1)
+    ledger = service.state.ledger
+    assert ledger.done == {0}
+    assert ledger.rows_done == 100
+    stats = service.state.workers["w0"]
+    assert (stats.samples, stats.steps, stats.loss_sum, stats.bad_rows) == (100, 2, 1.5, 1)
+
+    for expected in (1, 2):
+        shard = get_shard(service, peer, "w0")["shard"]
+        assert shard["id"] == expected
+        assert report(service, peer, "w0", expected, samples=shard["end"] - shard["start"])
+    assert get_shard(service, peer, "w0") == {"shard": None, "finished": True}
+    assert ledger.finished
+    assert service.state.totals() == (250, 6, 4.5, 1)
+
+
+def test_no_shard_while_all_are_leased_is_not_finished() -> None:
+    service, _ = make_service()
+    peer = PeerInfo(1, ("h", 1))
+    for _ in RANGES:
+        assert get_shard(service, peer, "w0")["shard"] is not None
+    assert get_shard(service, PeerInfo(2, ("h", 2)), "w1") == {"shard": None, "finished": False}
+
+
+def test_foreign_and_expired_reports_are_refused_but_samples_count() -> None:
+    service, clock = make_service(lease_s=60.0)
+    a, b = PeerInfo(1, ("h", 1)), PeerInfo(2, ("h", 2))
+    assert get_shard(service, a, "wa")["shard"]["id"] == 0
+    # Another worker reporting wa's shard: refused, the lease stays wa's.
+    assert not report(service, b, "wb", 0, samples=40, steps=1, loss_sum=0.5)
+    assert service.state.ledger.doing[0].worker == "wa"
+    assert service.state.ledger.rows_done == 0
+
+    # wa stalls past its lease; wb is handed the shard again and wa's late report is refused.
+    clock.now = 61.0
+    assert get_shard(service, b, "wb")["shard"]["id"] == 0
+    assert not report(service, a, "wa", 0, samples=100, steps=3, loss_sum=2.0, bad_rows=2)
+    assert report(service, b, "wb", 0, samples=100, steps=3, loss_sum=1.0)
+    assert service.state.ledger.rows_done == 100
+    # The refused reports' work was still done (the PS were updated): it counts in the totals.
+    assert service.state.totals() == (240, 7, 3.5, 2)
+    assert service.state.workers["wa"].samples == 100
+    assert service.state.workers["wa"].last_report == 61.0
+    assert service.state.workers["wb"].samples == 140
+
+
+def test_disconnect_requeues_the_peers_leases() -> None:
+    service, _ = make_service()
+    a, b = PeerInfo(1, ("h", 1)), PeerInfo(2, ("h", 2))
+    assert get_shard(service, a, "wa")["shard"]["id"] == 0
+    assert get_shard(service, b, "wb")["shard"]["id"] == 1
+    assert get_shard(service, a, "wa")["shard"]["id"] == 2
+    service.on_disconnect(a)
+    ledger = service.state.ledger
+    assert list(ledger.todo) == [0, 2]
+    assert set(ledger.doing) == {1}
+    # A peer that never asked for a shard (a PS, say) requeues nothing.
+    service.on_disconnect(PeerInfo(3, ("h", 3)))
+    assert set(ledger.doing) == {1}
+    # The requeued shards are handed out again; wa's stale report is refused.
+    assert get_shard(service, b, "wb")["shard"]["id"] == 0
+    assert not report(service, a, "wa", 0)
+    assert report(service, b, "wb", 0)
+
+
+def test_over_the_wire_a_dropped_worker_gives_its_shards_back() -> None:
+    """The real server calls on_disconnect when a worker's connection ends."""
+    service, _ = make_service(num_ps=1)
+    secret = new_secret()
+    disconnected = threading.Event()
+
+    def on_disconnect(peer: PeerInfo) -> None:
+        service.on_disconnect(peer)
+        disconnected.set()
+
+    server = Server(("127.0.0.1", 0), secret, service.handle, on_disconnect=on_disconnect)
+    server.serve_in_thread()
+    try:
+        with connect(server.address, secret, timeout=10) as conn:
+            with pytest.raises(RemoteError, match="out of range"):
+                conn.request(REGISTER, {"index": 5, "address": ["h", 1]})
+            shard = conn.request(GET_SHARD, {"worker": "w0"}).meta["shard"]
+            assert shard["id"] == 0
+            assert service.state.ledger.doing[0].worker == "w0"
+        assert disconnected.wait(10)  # set after the requeue
+        assert not service.state.ledger.doing
+        assert list(service.state.ledger.todo) == [0, 1, 2]
+    finally:
+        server.close()
