@@ -4,7 +4,7 @@ These are floors, not plans: the planner uses observed usage when history has it
 spec validator reject a quota that cannot hold one worker and one PS, and give cold start a
 memory figure that grows with the model instead of a constant.
 
-    PS memory   >= RUNTIME + rows/p · dim · 4 B · (1 + OPTIMIZER_SLOTS)   (Adagrad: one slot)
+    PS memory   >= RUNTIME + rows/p · dim · 4 B · (1 + OPTIMIZER_SLOTS) · SNAPSHOT_COPIES
     worker mem  >= RUNTIME + B · (tables + 1) · dim · 4 B · ACTIVATION_COPIES + dense params
 """
 
@@ -22,15 +22,19 @@ if TYPE_CHECKING:
 RUNTIME_MB = 384
 #: Optimizer slots per embedding value: Adagrad keeps one accumulator per weight.
 OPTIMIZER_SLOTS = 1
+#: Copies of the PS state in memory: the live tensors and the flash checkpoint's shared-memory
+#: snapshot buffer, which is sized and touched once at PS start (tmpfs pages count against the
+#: pod's memory, on Kubernetes as an emptyDir with ``medium: Memory``).
+SNAPSHOT_COPIES = 2
 #: Copies of a batch's activations alive at once in a worker (forward, backward, gradients, wire).
 ACTIVATION_COPIES = 6
 _MIB = 2**20
 
 
 def min_ps_memory_mb(model: ModelSpec, ps_count: int) -> int:
-    """Smallest per-PS memory that holds its share of the embedding rows and their slots."""
+    """Smallest per-PS memory: its share of the rows, their slots, and the snapshot buffer."""
     rows_per_ps = math.ceil(model.embedding_rows / max(1, ps_count))
-    state = rows_per_ps * model.embedding_dim * 4 * (1 + OPTIMIZER_SLOTS)
+    state = rows_per_ps * model.embedding_dim * 4 * (1 + OPTIMIZER_SLOTS) * SNAPSHOT_COPIES
     return RUNTIME_MB + math.ceil(state / _MIB)
 
 
