@@ -37,7 +37,7 @@ def assemble_model(spec: JobSpec, checkpoint_dir: Path) -> tuple[FullDLRM, int]:
         raise ckpt.CheckpointError(f"{checkpoint_dir}: no checkpoint to export a model from")
     if restored.dense is None:
         raise ckpt.CheckpointError(f"{restored.location}: no dense parameters")
-    model = FullDLRM(spec.model)
+    model = FullDLRM(spec.model, initialise=False)
     offsets = model.offsets
     with torch.no_grad():
         weights = torch.from_numpy(np.asarray(restored.weights))

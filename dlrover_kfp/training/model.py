@@ -146,19 +146,34 @@ class FullDLRM(nn.Module):
     lookup the PS serve; the reference trainer pairs them with ``torch.optim.Adagrad``.
     """
 
-    def __init__(self, spec: ModelSpec, *, seed: int = 0, init_seed: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        seed: int = 0,
+        init_seed: int | None = None,
+        initialise: bool = True,
+    ) -> None:
+        """``initialise=False`` leaves the tables uninitialised, for a model about to be loaded
+        from a checkpoint (initialising a billion values only to overwrite them takes minutes).
+        """
         super().__init__()
         self.dense = DenseDLRM(spec, seed=seed)
         self.offsets = table_offsets(spec.table_sizes)
-        self.tables = nn.ModuleList(
-            nn.EmbeddingBag(n, spec.embedding_dim, mode="sum", sparse=True)
-            for n in spec.table_sizes
-        )
-        with torch.no_grad():
-            for t, table in enumerate(self.embedding_bags()):
-                gids = np.arange(spec.table_sizes[t], dtype=np.int64) + self.offsets[t]
+        tables = []
+        for t, n in enumerate(spec.table_sizes):
+            if initialise:
+                gids = np.arange(n, dtype=np.int64) + self.offsets[t]
                 rows = init_embedding_rows(gids, spec, seed if init_seed is None else init_seed)
-                table.weight.copy_(torch.from_numpy(rows))
+                weight = torch.from_numpy(rows)
+            else:
+                weight = torch.empty(n, spec.embedding_dim)
+            # ``_weight`` hands the table its values; without it the constructor would first
+            # fill it with N(0, 1) draws that are thrown away.
+            tables.append(
+                nn.EmbeddingBag(n, spec.embedding_dim, mode="sum", sparse=True, _weight=weight)
+            )
+        self.tables = nn.ModuleList(tables)
 
     def embedding_bags(self) -> list[nn.EmbeddingBag]:
         return [cast(nn.EmbeddingBag, table) for table in self.tables]
