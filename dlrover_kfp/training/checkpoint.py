@@ -1786,6 +1786,7 @@ class PsCheckpointer:
         *,
         shm_dir: PathLike | None = None,
         generation: int | None = None,
+        copy_threads: int = 1,
     ) -> None:
         cfg = state.config
         self.meta = PartMeta(
@@ -1797,7 +1798,12 @@ class PsCheckpointer:
             tuple(cfg.model.table_sizes),
         )
         self.flash = FlashCheckpointer(
-            root, self.meta, StateSpec.of(state.arrays()), shm_dir=shm_dir, generation=generation
+            root,
+            self.meta,
+            StateSpec.of(state.arrays()),
+            shm_dir=shm_dir,
+            generation=generation,
+            copy_threads=copy_threads,
         )
         self._future: Future[PartRecord] | None = None
         self._step: int | None = None

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from dlrover_kfp.core.spec import ModelSpec
+from dlrover_kfp.training import ps_server
 from dlrover_kfp.training.data import RowRange, SyntheticCriteo
 from dlrover_kfp.training.ps_client import RemotePs
 from dlrover_kfp.training.ps_server import PsService
@@ -272,3 +273,18 @@ def test_shutdown_stops_the_server(cluster: Cluster) -> None:
         connect(running.server.address, SECRET, timeout=2)
     # The other PS is unaffected.
     assert cluster.conns[0].request("stats").meta["ps_index"] == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "threads"),
+    [
+        ({}, 1),
+        ({"DLROVER_KFP_POD_CPU": "0.5"}, 1),
+        ({"DLROVER_KFP_POD_CPU": "2"}, 2),
+        ({"DLROVER_KFP_POD_CPU": "1.5"}, 2),
+        ({"DLROVER_KFP_POD_CPU": "16"}, 4),
+        ({"DLROVER_KFP_POD_CPU": "lots"}, 1),
+    ],
+)
+def test_snapshot_copy_uses_the_pods_cpu(env: dict[str, str], threads: int) -> None:
+    assert ps_server.snapshot_copy_threads(env) == threads
