@@ -291,6 +291,7 @@ class StaticRun:
             step = state.totals()[1]
             coordinator.checkpoint(step, extra={"shards": self._ledger_dict(state)})
             coordinator.shutdown_ps()
+            self._wait_for_exit(timeout_s=30.0)
             model_dir, metrics = evaluate_and_export(
                 self.spec,
                 checkpoint_dir,
@@ -340,6 +341,14 @@ class StaticRun:
                 raise JobFailedError(
                     f"the PS did not start within {self.settings.startup_timeout_s:.0f}s"
                 )
+            time.sleep(0.05)
+
+    def _wait_for_exit(self, timeout_s: float) -> None:
+        """Let the pods finish on their own (the PS exit after ``shutdown``) before cleanup."""
+        deadline = self.clock() + timeout_s
+        while self.clock() < deadline:
+            if all(s.phase.terminal for s in self.backend.statuses()):
+                return
             time.sleep(0.05)
 
     def _describe_failure(self, pod: PodStatus) -> str:

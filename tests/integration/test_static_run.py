@@ -52,7 +52,10 @@ def static_run(
             settings=RunSettings(**options),  # type: ignore[arg-type]
             progress=lambda line: None,
         )
-        return run.run()
+        result = run.run()
+        if result.succeeded:  # every pod, PS included, ended on its own
+            assert {s.reason for s in backend.statuses()} == {"Completed"}, backend.statuses()
+        return result
 
 
 def test_one_worker_one_ps_matches_the_in_process_reference(tmp_path: Path) -> None:
