@@ -21,13 +21,22 @@ from dlrover_kfp.cli import (
     quickstart_cmd,
     run_cmd,
     schema_cmd,
+    simulate_cmd,
 )
 from dlrover_kfp.errors import PermanentError, TransientError
 
 EXIT_USER_ERROR = 2
 EXIT_TRANSIENT = 75
 
-_COMMANDS = (quickstart_cmd, plan_cmd, run_cmd, model_cmd, history_cmd, schema_cmd)
+_COMMANDS = (
+    quickstart_cmd,
+    plan_cmd,
+    run_cmd,
+    model_cmd,
+    history_cmd,
+    schema_cmd,
+    simulate_cmd,
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,110 @@
+"""The cluster simulator's seams: what a policy sees of a job, and what it must answer.
+
+A policy never sees a job's hidden truth (its throughput function and memory curve). It sees
+what a real job master sees: the job's spec (the user's request and quota, the model, the
+dataset), the runtime samples the simulated pods produce (samples/s, per-pod CPU and memory used
+against requested, the same :class:`~dlrover_kfp.core.profile.RuntimeSample` the real runtime
+records) and the events (OOM, node loss, eviction, straggler). Every policy drives the same
+simulated cluster through this protocol, so the comparison is between decisions only.
+
+Failure semantics differ by policy family and are part of the policy (``elastic``):
+
+* not elastic (``manual``, and ``optimus``, which resizes by checkpoint-and-restart): a failed
+  pod restarts the whole job from its last persisted checkpoint, losing the work since, up to a
+  retry limit, like a static TFJob;
+* elastic (``dlrover-oss``, ``dlrover-kfp``): the runtime relaunches only the failed pod;
+  workers lose at most their leased shard, a PS restores from its flash checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from dlrover_kfp.core.plan import ResourcePlan
+from dlrover_kfp.core.profile import JobEvent, JobProfile, RuntimeSample
+from dlrover_kfp.core.spec import JobSpec
+
+Role = Literal["worker", "ps"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """A running job as its master sees it, at ``now`` (simulated seconds since the trace start).
+
+    ``samples`` and ``events`` are those of the current incarnation of the job, with times in
+    seconds since it started (as a real profile's are).
+    """
+
+    job_id: str
+    spec: JobSpec
+    submitted_at: float
+    started_at: float
+    now: float
+    plan: ResourcePlan
+    samples: Sequence[RuntimeSample]
+    events: Sequence[JobEvent]
+    #: fraction of the job's samples (rows x epochs) already trained, 0..1
+    progress: float
+    #: whole-job restarts so far (non-elastic policies)
+    restarts: int = 0
+
+    @property
+    def elapsed(self) -> float:
+        return self.now - self.started_at
+
+
+class Policy(Protocol):
+    """A resource policy. One instance serves every job of a simulation (it may keep history)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def elastic(self) -> bool:
+        """Whether a failed pod is relaunched alone (True) or restarts the job (False)."""
+        ...
+
+    @property
+    def decision_interval_s(self) -> float:
+        """Simulated seconds between two :meth:`decide` calls for a running job."""
+        ...
+
+    def initial(self, spec: JobSpec, now: float) -> ResourcePlan:
+        """The plan a job starts with (may use the history of finished jobs)."""
+        ...
+
+    def decide(self, job: JobView) -> ResourcePlan | None:
+        """A new plan for a running job, or None to keep the current one."""
+        ...
+
+    def after_failure(self, job: JobView, role: Role, reason: str) -> ResourcePlan | None:
+        """The plan to relaunch with after a pod of ``role`` failed (``reason``: OOMKilled,
+        NodeLost, Evicted); None keeps the current plan."""
+        ...
+
+    def finished(self, profile: JobProfile) -> None:
+        """A job ended (succeeded or failed): its profile, for policies that learn from history."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """One job's result in a simulation."""
+
+    job_id: str
+    scenario: str | None
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    succeeded: bool
+    reason: str
+    restarts: int
+    oom_failures: int
+    resizes: int
+
+    @property
+    def jct(self) -> float | None:
+        """Job completion time: submission to end (queueing included), as the paper counts."""
+        return None if self.finished_at is None else self.finished_at - self.submitted_at

@@ -1,0 +1,600 @@
+"""A discrete-time cluster simulator: jobs arrive, queue, run, fail, resize and finish.
+
+Time advances in steps of ``step_s`` simulated seconds. In each step, in this order:
+
+1. jobs whose arrival time has come join the queue;
+2. the scheduler starts queued jobs, first come first served with backfill: a job starts when
+   all its pods fit on the nodes (first fit, largest pods first, CPU and memory both), else it
+   waits and later jobs that fit may start;
+3. every running job trains for the step at the throughput its hidden truth gives for its
+   current pods (minus pauses, stragglers and a hot PS), produces one runtime sample as its
+   pods would report it, and may meet a fault:
+
+   * **OOM**: a pod's memory use (the truth's curve at the job's progress) passes its limit;
+   * **node failure**: a node dies (rate per node-hour); every pod on it is lost;
+   * **eviction**: a pod is preempted (rate per pod-hour);
+
+   a non-elastic policy restarts the whole job from its last persisted checkpoint (the work
+   since is lost) up to ``retry_limit`` times; an elastic one relaunches only the failed pod
+   (a PS loses the work since its last flash checkpoint, a worker its current shard);
+4. the policy is asked for a new plan every ``decision_interval_s``; a plan that does not fit
+   the free capacity is cut to the workers that fit, or refused.
+
+Stragglers come from real per-worker batch times (Alibaba PAI) and hit a fixed fraction of jobs;
+a static job (no dynamic sharding) runs at its slowest worker's pace, an elastic one at the sum
+of its workers' paces. Every rate is in :class:`FaultSettings`, fixed before any comparison and
+documented in docs/results.md. Everything is deterministic per seed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
+from dlrover_kfp.core.profile import (
+    AppliedPlan,
+    JobEvent,
+    JobProfile,
+    Metrics,
+    NodeSample,
+    Outcome,
+    RuntimeSample,
+    profile_job,
+)
+from dlrover_kfp.core.summary import format_timestamp
+from dlrover_kfp.sim.cluster.api import JobOutcome, JobView, Policy, Role
+from dlrover_kfp.sim.cluster.stragglers import StragglerModel
+from dlrover_kfp.sim.cluster.trace import TraceJob
+
+#: The simulated clock's epoch (profiles need wall-clock timestamps): 2026-01-01T00:00:00Z.
+EPOCH = 1_767_225_600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    nodes: int
+    node_cpu: float
+    node_memory_mb: int
+    #: simulated seconds per step (and between two runtime samples of a job)
+    step_s: float = 120.0
+    #: the simulation stops here even if jobs remain (they count as not completed)
+    max_time_s: float = 60 * 86400.0
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSettings:
+    """Fault rates and recovery costs. Fixed before any comparison; see docs/results.md."""
+
+    #: node failures per node-hour (a node lost every ~40 days)
+    node_failure_per_hour: float = 1 / 1000
+    #: evictions (preemption) per pod-hour
+    eviction_per_pod_hour: float = 1 / 400
+    #: fraction of jobs with a straggling worker episode (PAI data give its size and timing)
+    straggler_job_fraction: float = 0.15
+    #: fraction of jobs with a hot PS (an unbalanced embedding partition)
+    hot_ps_job_fraction: float = 0.10
+    #: extra load on the hot PS (its share of lookups is (1 + this) times the others')
+    hot_ps_imbalance: float = 1.0
+    #: seconds between persisted checkpoints of a non-elastic job (a restart loses the rest)
+    checkpoint_interval_s: float = 1800.0
+    #: seconds a whole-job restart takes (pods scheduled, started, checkpoint restored)
+    restart_s: float = 300.0
+    #: retries of a non-elastic job before it fails
+    retry_limit: int = 3
+    #: seconds an elastic resize pauses training (new pods start, shards move)
+    elastic_resize_s: float = 60.0
+    #: seconds a checkpoint-and-restart resize pauses training (non-elastic policies)
+    restart_resize_s: float = 300.0
+    #: seconds of work a PS failure loses under flash checkpoints (half their interval)
+    flash_loss_s: float = 150.0
+    #: seconds an elastic pod relaunch pauses the job
+    relaunch_s: float = 60.0
+    #: OOM kills an elastic job survives (relaunched with its policy's plan) before it fails
+    elastic_oom_limit: int = 5
+    #: relative noise of measured throughput and CPU
+    noise: float = 0.03
+
+
+@dataclass
+class _Run:
+    """A job's mutable state in the simulation."""
+
+    job: TraceJob
+    total: float
+    plan: ResourcePlan | None = None
+    started_at: float | None = None
+    incarnation_start: float = 0.0
+    progress: float = 0.0
+    checkpoint_progress: float = 0.0
+    running_s: float = 0.0
+    pause_until: float = 0.0
+    placement: list[int] = field(default_factory=list)  # node index per pod, workers first
+    samples: list[RuntimeSample] = field(default_factory=list)
+    events: list[JobEvent] = field(default_factory=list)
+    plans: list[AppliedPlan] = field(default_factory=list)
+    restarts: int = 0
+    ooms: int = 0
+    resizes: int = 0
+    next_decision: float = 0.0
+    straggler: tuple[float, float, float, int] | None = None  # onset, end, factor, worker
+    slowdowns: tuple[float, ...] = ()
+    hot: bool = False
+    step: int = 0
+    finished_at: float | None = None
+    failed: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Utilisation:
+    """Cluster use at one moment: allocated and used CPU and memory of running pods."""
+
+    time: float
+    cpu_allocated: float
+    cpu_used: float
+    memory_allocated_mb: float
+    memory_used_mb: float
+    running: int
+    queued: int
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationResult:
+    policy: str
+    outcomes: tuple[JobOutcome, ...]
+    utilisation: tuple[Utilisation, ...]
+    cluster: ClusterSettings
+
+
+class Simulation:
+    """One policy driving one cluster through one trace."""
+
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        policy: Policy,
+        cluster: ClusterSettings,
+        faults: FaultSettings | None = None,
+        *,
+        seed: int = 0,
+        stragglers: StragglerModel | None = None,
+    ) -> None:
+        self.jobs = sorted(jobs, key=lambda j: (j.arrival_s, j.id))
+        self.policy = policy
+        self.cluster = cluster
+        self.faults = faults or FaultSettings()
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.stragglers = stragglers or StragglerModel.from_package()
+        self.free_cpu = [cluster.node_cpu] * cluster.nodes
+        self.free_mem = [float(cluster.node_memory_mb)] * cluster.nodes
+
+    # -- placement -----------------------------------------------------------------------------
+
+    def _pods(self, plan: ResourcePlan) -> list[tuple[float, int]]:
+        return [(plan.workers.cpu, plan.workers.memory_mb)] * plan.workers.count + [
+            (plan.ps.cpu, plan.ps.memory_mb)
+        ] * plan.ps.count
+
+    def _place(self, plan: ResourcePlan) -> list[int] | None:
+        """Nodes for every pod (first fit, largest first), or None; reserves them on success."""
+        pods = self._pods(plan)
+        order = sorted(range(len(pods)), key=lambda i: -pods[i][0])
+        chosen = [0] * len(pods)
+        taken: list[tuple[int, float, int]] = []
+        for i in order:
+            cpu, mem = pods[i]
+            for n in range(self.cluster.nodes):
+                if self.free_cpu[n] >= cpu - 1e-9 and self.free_mem[n] >= mem:
+                    self.free_cpu[n] -= cpu
+                    self.free_mem[n] -= mem
+                    taken.append((n, cpu, mem))
+                    chosen[i] = n
+                    break
+            else:
+                for n, c, m in taken:
+                    self.free_cpu[n] += c
+                    self.free_mem[n] += m
+                return None
+        return chosen
+
+    def _release(self, run: _Run) -> None:
+        if run.plan is None or not run.placement:
+            return
+        for n, (cpu, mem) in zip(run.placement, self._pods(run.plan), strict=True):
+            self.free_cpu[n] += cpu
+            self.free_mem[n] += mem
+        run.placement = []
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self, progress: Callable[[float, int, int], None] | None = None) -> SimulationResult:
+        step = self.cluster.step_s
+        pending = list(self.jobs)
+        queue: list[_Run] = []
+        running: list[_Run] = []
+        done: list[_Run] = []
+        usage: list[Utilisation] = []
+        t = 0.0
+        while (pending or queue or running) and t <= self.cluster.max_time_s:
+            while pending and pending[0].arrival_s <= t:
+                job = pending.pop(0)
+                queue.append(self._admit(job))
+            for run in list(queue):
+                if self._start(run, t):
+                    queue.remove(run)
+                    running.append(run)
+            cpu_alloc = cpu_used = mem_alloc = mem_used = 0.0
+            for run in list(running):
+                used = self._advance(run, t, step)
+                if used is not None:
+                    cpu_alloc += used[0]
+                    cpu_used += used[1]
+                    mem_alloc += used[2]
+                    mem_used += used[3]
+                if run.finished_at is not None:
+                    running.remove(run)
+                    done.append(run)
+            self._node_failures(running, t, step)
+            usage.append(
+                Utilisation(t, cpu_alloc, cpu_used, mem_alloc, mem_used, len(running), len(queue))
+            )
+            t += step
+            if progress is not None:
+                progress(t, len(done), len(self.jobs))
+        for run in queue + running:
+            run.failed = run.failed or "not finished when the simulation ended"
+            self._finish(run, t, failed=True)
+            done.append(run)
+        outcomes = tuple(self._outcome(r) for r in sorted(done, key=lambda r: r.job.id))
+        return SimulationResult(self.policy.name, outcomes, tuple(usage), self.cluster)
+
+    def _admit(self, job: TraceJob) -> _Run:
+        spec = job.spec
+        total = float((spec.data.rows or 0) * spec.training.epochs)
+        run = _Run(job=job, total=max(1.0, total))
+        rng = random.Random(f"{self.seed}:{job.id}")
+        if rng.random() < self.faults.straggler_job_fraction:
+            onset, duration, factor = self.stragglers.episode(rng)
+            run.straggler = (onset, min(1.0, onset + duration), factor, 0)
+        if rng.random() < self.faults.hot_ps_job_fraction:
+            run.hot = True
+        return run
+
+    def _start(self, run: _Run, t: float) -> bool:
+        if run.plan is None:
+            run.plan = self._within_cluster(self.policy.initial(run.job.spec, EPOCH + t))
+            run.plans.append(self._applied(run.plan, 0.0))
+        placement = self._place(run.plan)
+        if placement is None:
+            return False
+        run.placement = placement
+        if run.started_at is None:
+            run.started_at = t
+        run.incarnation_start = t
+        run.next_decision = t + self.policy.decision_interval_s
+        rng = random.Random(f"{self.seed}:{run.job.id}:slow:{run.restarts}")
+        run.slowdowns = tuple(self.stragglers.slowdown_factors(rng, run.plan.workers.count))
+        return True
+
+    def _within_cluster(self, plan: ResourcePlan) -> ResourcePlan:
+        """``plan`` with workers cut until it could run on the whole (empty) cluster.
+
+        A policy does not know the cluster's size; the scheduler would never place a job
+        bigger than the cluster, so the admission controller trims it as a quota would.
+        """
+        c = self.cluster
+        cap_cpu, cap_mem = c.nodes * c.node_cpu, c.nodes * c.node_memory_mb
+        count = plan.workers.count
+        while count > 1 and (
+            count * plan.workers.cpu + plan.ps.total_cpu > cap_cpu
+            or count * plan.workers.memory_mb + plan.ps.total_memory_mb > cap_mem
+        ):
+            count -= 1
+        if count == plan.workers.count:
+            return plan
+        workers = NodeGroup(count=count, cpu=plan.workers.cpu, memory_mb=plan.workers.memory_mb)
+        return ResourcePlan(
+            workers=workers,
+            ps=plan.ps,
+            stage=plan.stage,
+            reason=plan.reason + f" (cut to {count} workers: the cluster's size)",
+            predicted_throughput=None,
+            similar_jobs=plan.similar_jobs,
+        )
+
+    def _applied(self, plan: ResourcePlan, time: float) -> AppliedPlan:
+        return AppliedPlan(
+            time=round(time, 3),
+            stage=plan.stage,
+            reason=plan.reason,
+            workers=plan.workers,
+            ps=plan.ps,
+        )
+
+    # -- one job, one step ---------------------------------------------------------------------
+
+    def _rates(self, run: _Run) -> tuple[float, float, float]:
+        """(samples/s, cores used per worker, cores used per PS) right now."""
+        assert run.plan is not None
+        plan = run.plan
+        spec = run.job.spec
+        truth = run.job.truth.throughput
+        ps_cpu = plan.ps.cpu / (1.0 + self.faults.hot_ps_imbalance) if run.hot else plan.ps.cpu
+        w, p = plan.workers.count, plan.ps.count
+        batch = spec.training.batch_size
+        x, wu, pu = truth.evaluate(w, p, plan.workers.cpu, ps_cpu, batch)
+        factors = list(run.slowdowns[:w]) + [1.0] * max(0, w - len(run.slowdowns))
+        if run.straggler is not None:
+            onset, end, factor, k = run.straggler
+            if onset <= run.progress < end and k < w:
+                factors[k] = max(factors[k], factor)
+        per_worker = x / w
+        if self.policy.elastic:  # dynamic sharding: every worker contributes its own pace
+            eff = sum(per_worker / f for f in factors)
+        else:  # static partitions: the job ends with its slowest worker
+            eff = w * per_worker / max(factors)
+        return eff, wu, pu
+
+    def _advance(
+        self, run: _Run, t: float, step: float
+    ) -> tuple[float, float, float, float] | None:
+        assert run.plan is not None
+        plan = run.plan
+        truth = run.job.truth
+        active = max(0.0, min(step, t + step - run.pause_until))
+        x, wu, pu = self._rates(run)
+        if active > 0:
+            run.progress = min(1.0, run.progress + x * active / run.total)
+            run.running_s += active
+            interval = self.faults.checkpoint_interval_s
+            if run.running_s // interval > (run.running_s - active) // interval:
+                run.checkpoint_progress = run.progress
+        w, p = plan.workers.count, plan.ps.count
+        # PS 0 is the largest (the truth's imbalance); the others share the rest.
+        hot_mem = truth.memory.ps_used_mb(run.progress, p, 0)
+        ps_mem = truth.memory.ps_used_mb(run.progress, p, 1)
+        worker_mem = truth.memory.worker_mb
+        cpu_alloc = w * plan.workers.cpu + p * plan.ps.cpu
+        mem_alloc = float(w * plan.workers.memory_mb + p * plan.ps.memory_mb)
+        cpu_used = mem_used = 0.0
+        if active >= step:  # a full step of training: the pods report a sample
+            sample = self._sample(run, t + step, x, wu, pu, ps_mem, hot_mem, worker_mem)
+            run.samples.append(sample)
+            cpu_used = sum(n.cpu_used for n in sample.nodes)
+            mem_used = float(sum(n.memory_used_mb for n in sample.nodes))
+        else:  # paused pods hold their memory but do no work
+            mem_used = float(w * min(worker_mem, plan.workers.memory_mb))
+            mem_used += min(hot_mem, plan.ps.memory_mb) + (p - 1) * min(ps_mem, plan.ps.memory_mb)
+        if run.progress >= 1.0:
+            self._finish(run, t + step, failed=False)
+            return cpu_alloc, cpu_used, mem_alloc, mem_used
+        # Faults: OOM first (deterministic from the truth), then evictions (random).
+        if hot_mem > plan.ps.memory_mb:
+            self._failure(run, t + step, "ps", "OOMKilled")
+        elif worker_mem > plan.workers.memory_mb:
+            self._failure(run, t + step, "worker", "OOMKilled")
+        else:
+            pods = w + p
+            rate = self.faults.eviction_per_pod_hour * pods * step / 3600
+            if self.rng.random() < 1 - math.exp(-rate):
+                role: Role = "worker" if self.rng.random() < w / pods else "ps"
+                self._failure(run, t + step, role, "Evicted")
+        paused = run.pause_until > t + step
+        if run.finished_at is None and not paused and t + step >= run.next_decision:
+            run.next_decision = t + step + self.policy.decision_interval_s
+            new = self.policy.decide(self._view(run, t + step))
+            if new is not None:
+                self._resize(run, new, t + step, pause=self._resize_pause())
+        return cpu_alloc, cpu_used, mem_alloc, mem_used
+
+    def _sample(
+        self,
+        run: _Run,
+        now: float,
+        x: float,
+        wu: float,
+        pu: float,
+        ps_mem: float,
+        hot_mem: float,
+        worker_mem: float,
+    ) -> RuntimeSample:
+        """What the job's pods would report for the step ending at ``now``."""
+        assert run.plan is not None
+        plan = run.plan
+        rng = self.rng
+        noise = self.faults.noise
+        w, p = plan.workers.count, plan.ps.count
+        measured = max(0.0, x * rng.gauss(1.0, noise))
+        worker_cpu = plan.workers.cpu
+        nodes = [
+            NodeSample(
+                name=f"{run.job.id}-worker-{k}",
+                role="worker",
+                cpu_used=round(min(worker_cpu, max(0.0, wu * rng.gauss(1.0, noise))), 3),
+                cpu_requested=worker_cpu,
+                memory_used_mb=int(min(worker_mem, plan.workers.memory_mb)),
+                memory_requested_mb=plan.workers.memory_mb,
+                throughput=round(measured / w, 1),
+            )
+            for k in range(w)
+        ]
+        for k in range(p):
+            hot = k == 0
+            busy = pu * (1.0 + self.faults.hot_ps_imbalance) if run.hot and hot else pu
+            nodes.append(
+                NodeSample(
+                    name=f"{run.job.id}-ps-{k}",
+                    role="ps",
+                    cpu_used=round(min(plan.ps.cpu, max(0.0, busy * rng.gauss(1.0, noise))), 3),
+                    cpu_requested=plan.ps.cpu,
+                    memory_used_mb=int(min(hot_mem if hot else ps_mem, plan.ps.memory_mb)),
+                    memory_requested_mb=plan.ps.memory_mb,
+                )
+            )
+        batch = max(1, run.job.spec.training.batch_size)
+        return RuntimeSample(
+            time=round(now - run.incarnation_start, 3),
+            global_step=int(run.progress * run.total / batch),
+            throughput=round(measured, 1),
+            workers=w,
+            ps=p,
+            worker_cpu=worker_cpu,
+            ps_cpu=plan.ps.cpu,
+            nodes=tuple(nodes),
+        )
+
+    def _resize_pause(self) -> float:
+        f = self.faults
+        return f.elastic_resize_s if self.policy.elastic else f.restart_resize_s
+
+    def _node_failures(self, running: list[_Run], t: float, step: float) -> None:
+        p_fail = 1 - math.exp(-self.faults.node_failure_per_hour * step / 3600)
+        for n in range(self.cluster.nodes):
+            if self.rng.random() >= p_fail:
+                continue
+            for run in list(running):
+                if n in run.placement and run.finished_at is None and run.plan is not None:
+                    index = run.placement.index(n)
+                    role: Role = "worker" if index < run.plan.workers.count else "ps"
+                    self._failure(run, t + step, role, "NodeLost")
+                    if run.finished_at is not None:
+                        running.remove(run)
+
+    def _view(self, run: _Run, now: float) -> JobView:
+        assert run.plan is not None and run.started_at is not None
+        return JobView(
+            job_id=run.job.id,
+            spec=run.job.spec,
+            submitted_at=run.job.arrival_s,
+            started_at=run.incarnation_start,
+            now=now,
+            plan=run.plan,
+            samples=run.samples,
+            events=run.events,
+            progress=run.progress,
+            restarts=run.restarts,
+        )
+
+    def _event(self, run: _Run, t: float, kind: str, role: Role, detail: str) -> None:
+        run.events.append(
+            JobEvent(
+                time=round(t - run.incarnation_start, 3),
+                kind=kind,  # type: ignore[arg-type]
+                node=f"{run.job.id}-{role}-0",
+                detail=detail,
+            )
+        )
+
+    def _failure(self, run: _Run, t: float, role: Role, reason: str) -> None:
+        f = self.faults
+        if reason == "OOMKilled":
+            run.ooms += 1
+        self._event(run, t, "oom" if reason == "OOMKilled" else "failure", role, reason)
+        new = self.policy.after_failure(self._view(run, t), role, reason)
+        if self.policy.elastic:
+            if run.ooms > f.elastic_oom_limit:
+                run.failed = f"{reason} ({role}) {run.ooms} times"
+                self._finish(run, t, failed=True)
+                return
+            lost = f.flash_loss_s if role == "ps" else 0.0
+            if lost:
+                x, _, _ = self._rates(run)
+                run.progress = max(0.0, run.progress - x * lost / run.total)
+            run.pause_until = max(run.pause_until, t + f.relaunch_s)
+            self._event(run, t, "relaunch", role, f"{role} relaunched after {reason}")
+            if new is not None:
+                self._resize(run, new, t, pause=f.relaunch_s)
+            return
+        run.restarts += 1
+        if run.restarts > f.retry_limit:
+            run.failed = f"{reason} ({role}); {f.retry_limit} restarts used"
+            self._finish(run, t, failed=True)
+            return
+        run.progress = run.checkpoint_progress
+        run.pause_until = t + f.restart_s
+        # A new incarnation: its samples and times start afresh, as a restarted job's would.
+        run.incarnation_start = t
+        run.samples = []
+        if new is not None:
+            self._resize(run, new, t, pause=f.restart_s)
+
+    def _resize(self, run: _Run, new: ResourcePlan, t: float, *, pause: float) -> None:
+        assert run.plan is not None
+        old = run.plan
+        if new.workers == old.workers and new.ps == old.ps:
+            return
+        self._release(run)
+        placement = self._place(new)
+        if placement is None:
+            # Cut the workers to what fits; else keep the old pods.
+            for count in range(new.workers.count - 1, 0, -1):
+                trial = ResourcePlan(
+                    workers=NodeGroup(
+                        count=count, cpu=new.workers.cpu, memory_mb=new.workers.memory_mb
+                    ),
+                    ps=new.ps,
+                    stage=new.stage,
+                    reason=new.reason + f" (cut to {count} workers by free capacity)",
+                )
+                placement = self._place(trial)
+                if placement is not None:
+                    new = trial
+                    break
+        if placement is None:
+            restored = self._place(old)
+            assert restored is not None, "the old pods' capacity was just released"
+            run.placement = restored
+            return
+        run.placement = placement
+        run.plan = new
+        run.resizes += 1
+        run.pause_until = max(run.pause_until, t + pause)
+        run.plans.append(self._applied(new, t - run.incarnation_start))
+        rng = random.Random(f"{self.seed}:{run.job.id}:slow:{run.resizes}")
+        run.slowdowns = tuple(self.stragglers.slowdown_factors(rng, new.workers.count))
+
+    def _finish(self, run: _Run, t: float, *, failed: bool) -> None:
+        self._release(run)
+        run.finished_at = t
+        if failed and run.failed is None:
+            run.failed = "failed"
+        if run.started_at is None:
+            return
+        profile = JobProfile(
+            run_id=run.job.id,
+            started_at=format_timestamp(EPOCH + run.incarnation_start),
+            job=profile_job(run.job.spec),
+            plans=tuple(run.plans),
+            samples=tuple(run.samples[-200:]),
+            events=tuple(run.events),
+            outcome=Outcome(
+                status="failed" if failed else "succeeded",
+                jct_seconds=round(t - run.job.arrival_s, 3),
+                samples_processed=int(run.progress * run.total),
+                reason=run.failed or "",
+            ),
+            metrics=Metrics(),
+        )
+        self.policy.finished(profile)
+
+    def _outcome(self, run: _Run) -> JobOutcome:
+        succeeded = run.failed is None and run.finished_at is not None
+        return JobOutcome(
+            job_id=run.job.id,
+            scenario=run.job.scenario,
+            submitted_at=run.job.arrival_s,
+            started_at=run.started_at,
+            finished_at=run.finished_at if succeeded else None,
+            succeeded=succeeded,
+            reason=run.failed or "",
+            restarts=run.restarts,
+            oom_failures=run.ooms,
+            resizes=run.resizes,
+        )
+
+
+def stage_of(plan: ResourcePlan) -> Stage:
+    return plan.stage

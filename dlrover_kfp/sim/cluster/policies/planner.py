@@ -1,0 +1,138 @@
+"""``dlrover-kfp``: this package's own planner, the same functions the runtime calls.
+
+* start: :func:`dlrover_kfp.planning.plan_job` against an in-memory history store that holds
+  every job this policy has finished in the simulation (warm start for recurring scenarios,
+  cold start otherwise), with the observations of the similar jobs it used handed on to
+  Stage 2 as known points, as the quickstart does;
+* while running: Stage 3 (:func:`~dlrover_kfp.core.planner.post_scale`) first, for what went
+  wrong since the last decision (OOM, memory trend, hot PS, stragglers), then Stage 2
+  (:func:`~dlrover_kfp.core.planner.auto_scale`) with the job's own samples, judging and
+  rolling back its last step;
+* a failed pod: Stage 3 with the failure as an event (OOM: more memory or more PS);
+* at the end: the job's profile goes into the history.
+
+Nothing here re-implements planning; this module only translates between the simulator's
+protocol and the planner's functions.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from dlrover_kfp.core.observation import Observation
+from dlrover_kfp.core.plan import ResourcePlan
+from dlrover_kfp.core.planner import PlannerSettings, context_from_spec
+from dlrover_kfp.core.planner.auto_scale import ScalingStep, auto_scale
+from dlrover_kfp.core.planner.context import PlanningContext
+from dlrover_kfp.core.planner.post_scale import Instability, post_scale
+from dlrover_kfp.core.profile import JobEvent, JobProfile
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.history.memory import InMemoryHistoryStore
+from dlrover_kfp.planning import plan_job, similarity_query
+from dlrover_kfp.ports import FixedClock
+from dlrover_kfp.sim.cluster.api import JobView, Role
+
+
+@dataclass
+class _JobState:
+    ctx: PlanningContext
+    known: list[Observation]
+    last_step: ScalingStep | None = None
+    events_seen: int = 0
+    incarnation: float = -1.0
+    quiet: int = 0
+    skipped: int = 0
+    history: list[str] = field(default_factory=list)
+
+
+class PlannerPolicy:
+    name = "dlrover-kfp"
+    elastic = True
+
+    def __init__(
+        self,
+        settings: PlannerSettings | None = None,
+        *,
+        decision_interval_s: float = 300.0,
+        back_off_after: int = 3,
+    ) -> None:
+        self.settings = settings or PlannerSettings()
+        self.decision_interval_s = decision_interval_s
+        #: after this many decisions in a row that keep the plan, decide only every other time
+        #: (the plan has settled; the runtime does the same to stay cheap)
+        self.back_off_after = back_off_after
+        self.store = InMemoryHistoryStore()
+        self.jobs: dict[str, _JobState] = {}
+
+    def initial(self, spec: JobSpec, now: float) -> ResourcePlan:
+        plan = plan_job(spec, self.store, FixedClock(now), self.settings)
+        similar = self.store.find_similar(similarity_query(spec, self.settings, now))
+        known = [o for job in similar if job.run_id in plan.similar_jobs for o in job.observations]
+        self.jobs[spec.name] = _JobState(ctx=context_from_spec(spec, self.settings), known=known)
+        return plan
+
+    def _state(self, job: JobView) -> _JobState:
+        state = self.jobs[job.spec.name]
+        if state.incarnation != job.started_at:  # a restarted job starts its steps afresh
+            state.incarnation = job.started_at
+            state.last_step = None
+            state.events_seen = 0
+        return state
+
+    def _new_events(self, job: JobView, state: _JobState) -> list[JobEvent]:
+        new = list(job.events[state.events_seen :])
+        state.events_seen = len(job.events)
+        return new
+
+    def decide(self, job: JobView) -> ResourcePlan | None:
+        state = self._state(job)
+        now = job.now - job.started_at
+        events = self._new_events(job, state)
+        if state.quiet >= self.back_off_after and not events:
+            state.skipped += 1
+            if state.skipped % 2 == 1:
+                return None
+        window = job.samples[-self.settings.auto_scale.min_samples * 4 :]
+        post = post_scale(state.ctx, job.plan, Instability(window, events), now, self.settings)
+        if post is not None:
+            state.quiet = 0
+            state.last_step = None
+            return post
+        decision = auto_scale(
+            state.ctx,
+            job.plan,
+            job.samples,
+            now,
+            self.settings,
+            last_step=state.last_step,
+            known=state.known,
+        )
+        if decision.plan is None:
+            state.quiet += 1
+            return None
+        state.quiet = 0
+        recent = job.samples[-self.settings.auto_scale.min_samples :]
+        measured = statistics.fmean(s.throughput for s in recent) if recent else 0.0
+        state.last_step = (
+            None
+            if decision.kind == "rollback"
+            else ScalingStep(
+                time=now, before=job.plan, throughput_before=measured, kind=decision.kind
+            )
+        )
+        return decision.plan
+
+    def after_failure(self, job: JobView, role: Role, reason: str) -> ResourcePlan | None:
+        if reason != "OOMKilled":
+            return None  # the runtime relaunches the pod as it was
+        state = self._state(job)
+        now = job.now - job.started_at
+        events = self._new_events(job, state)
+        window = job.samples[-self.settings.auto_scale.min_samples * 4 :]
+        state.last_step = None
+        return post_scale(state.ctx, job.plan, Instability(window, events), now, self.settings)
+
+    def finished(self, profile: JobProfile) -> None:
+        self.store.record(profile)
+        self.jobs.pop(profile.job.name, None)

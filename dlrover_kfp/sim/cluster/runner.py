@@ -1,0 +1,131 @@
+"""Running several policies over the same trace, side by side, one process per policy.
+
+Each policy gets its own fresh instance (and so its own history) and its own copy of the
+cluster; the trace, the cluster size, the fault rates and the seed are the same for all, so the
+policies meet the same arrivals, the same node failures' rates and the same straggler draws.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.sim.cluster.api import Policy
+from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings, Simulation
+from dlrover_kfp.sim.cluster.results import PolicySummary, summarize
+from dlrover_kfp.sim.cluster.trace import TraceJob
+
+
+def _manual() -> Policy:
+    from dlrover_kfp.sim.cluster.policies.manual import ManualPolicy  # noqa: PLC0415
+
+    return ManualPolicy()
+
+
+def _optimus() -> Policy:
+    from dlrover_kfp.sim.cluster.policies.optimus import OptimusPolicy  # noqa: PLC0415
+
+    return OptimusPolicy()
+
+
+def _dlrover_oss() -> Policy:
+    from dlrover_kfp.sim.cluster.policies.dlrover_oss import DlroverOssPolicy  # noqa: PLC0415
+
+    return DlroverOssPolicy()
+
+
+def _ours() -> Policy:
+    from dlrover_kfp.sim.cluster.policies.planner import PlannerPolicy  # noqa: PLC0415
+
+    return PlannerPolicy()
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "manual": _manual,
+    "optimus": _optimus,
+    "dlrover-oss": _dlrover_oss,
+    "dlrover-kfp": _ours,
+}
+
+
+def parse_policies(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise UserInputError(
+            f"--policies: unknown policy {', '.join(unknown) or '(none)'}; "
+            f"choose from {', '.join(POLICIES)}"
+        )
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    seed: int
+    summaries: tuple[PolicySummary, ...]
+    #: per policy: the outcomes and utilisation series, for plots
+    jct_minutes: dict[str, list[float]]
+    utilisation: dict[str, list[tuple[float, float, float]]]  # (hour, cpu util, memory util)
+
+
+def run_policy(
+    name: str,
+    jobs: Sequence[TraceJob],
+    cluster: ClusterSettings,
+    faults: FaultSettings,
+    seed: int,
+) -> tuple[PolicySummary, list[float], list[tuple[float, float, float]]]:
+    result = Simulation(jobs, POLICIES[name](), cluster, faults, seed=seed).run()
+    jct = sorted(o.jct / 60 for o in result.outcomes if o.succeeded and o.jct is not None)
+    series = [
+        (
+            u.time / 3600,
+            u.cpu_used / u.cpu_allocated if u.cpu_allocated else 0.0,
+            u.memory_used_mb / u.memory_allocated_mb if u.memory_allocated_mb else 0.0,
+        )
+        for u in result.utilisation
+    ]
+    return summarize(result), jct, series
+
+
+def compare(
+    jobs: Sequence[TraceJob],
+    policies: Sequence[str],
+    cluster: ClusterSettings,
+    faults: FaultSettings,
+    seed: int,
+    *,
+    processes: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> Comparison:
+    """Every policy over ``jobs``; in parallel processes when more than one core is free."""
+    workers = processes or min(len(policies), os.cpu_count() or 1)
+    summaries: dict[str, PolicySummary] = {}
+    jcts: dict[str, list[float]] = {}
+    series: dict[str, list[tuple[float, float, float]]] = {}
+    if workers <= 1:
+        for name in policies:
+            summaries[name], jcts[name], series[name] = run_policy(
+                name, jobs, cluster, faults, seed
+            )
+            if progress:
+                progress(f"seed {seed}: {name} done")
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            futures = {
+                name: pool.submit(run_policy, name, list(jobs), cluster, faults, seed)
+                for name in policies
+            }
+            for name, future in futures.items():
+                summaries[name], jcts[name], series[name] = future.result()
+                if progress:
+                    progress(f"seed {seed}: {name} done")
+    return Comparison(
+        seed=seed,
+        summaries=tuple(summaries[n] for n in policies),
+        jct_minutes=jcts,
+        utilisation=series,
+    )

@@ -1,0 +1,68 @@
+"""``dlrover-kfp simulate`` as a user meets it: the table, results.json, the trace, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dlrover_kfp.cli.main import main
+from dlrover_kfp.sim.cluster.results import METRICS
+from dlrover_kfp.sim.cluster.trace import read_trace
+
+
+def test_synthetic_comparison_writes_results_and_the_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    policies = ["--policies", "manual,dlrover-kfp"]
+    code = main(["simulate", "--synthetic", "20", "--seeds", "2", *policies, "--output", str(out)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    assert "median_jct" in stdout and "dlrover-kfp vs manual" in stdout
+    assert "seed 1: dlrover-kfp done" in stderr  # progress while it runs
+    document = json.loads((out / "results.json").read_text())
+    assert set(document["policies"]) == {"manual", "dlrover-kfp"}
+    for metrics in document["policies"].values():
+        assert set(metrics) == set(METRICS)
+        assert 0.0 <= metrics["completion_rate"]["mean"] <= 1.0
+    assert [s["seed"] for s in document["per_seed"]] == [0, 1]
+    # The trace written beside the results replays.
+    jobs = read_trace(out / "trace.jsonl")
+    assert len(jobs) == 20
+    replay_dir = str(tmp_path / "replay")
+    code = main(
+        [
+            "simulate",
+            "--trace",
+            str(out / "trace.jsonl"),
+            "--policies",
+            "manual",
+            "--output",
+            replay_dir,
+        ]
+    )
+    assert code == 0
+    replay = json.loads((tmp_path / "replay" / "results.json").read_text())
+    first = next(s for s in document["per_seed"][0]["summaries"] if s["policy"] == "manual")
+    assert replay["per_seed"][0]["summaries"][0] == first
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--synthetic", "5", "--policies", "manual,magic"], "--policies"),
+        (["--synthetic", "0"], "--synthetic"),
+        (["--synthetic", "5", "--seeds", "0"], "--seeds"),
+        (["--trace", "nope.jsonl"], "nope.jsonl"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code = main(["simulate", *argv, "--output", str(tmp_path / "o")])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
