@@ -346,12 +346,12 @@ class Simulation:
         truth = run.job.truth
         active = max(0.0, min(step, t + step - run.pause_until))
         x, wu, pu = self._rates(run)
+        checkpoint_due = False
         if active > 0:
             run.progress = min(1.0, run.progress + x * active / run.total)
             run.running_s += active
             interval = self.faults.checkpoint_interval_s
-            if run.running_s // interval > (run.running_s - active) // interval:
-                run.checkpoint_progress = run.progress
+            checkpoint_due = run.running_s // interval > (run.running_s - active) // interval
         w, p = plan.workers.count, plan.ps.count
         # PS 0 is the largest (the truth's imbalance); the others share the rest.
         hot_mem = truth.memory.ps_used_mb(run.progress, p, 0)
@@ -372,6 +372,7 @@ class Simulation:
             self._finish(run, t + step, failed=False)
             return cpu_alloc, cpu_used, mem_alloc, mem_used
         # Faults: OOM first (deterministic from the truth), then evictions (random).
+        events_before = len(run.events)
         if hot_mem > plan.ps.memory_mb:
             self._failure(run, t + step, "ps", "OOMKilled")
         elif worker_mem > plan.workers.memory_mb:
@@ -382,6 +383,9 @@ class Simulation:
             if self.rng.random() < 1 - math.exp(-rate):
                 role: Role = "worker" if self.rng.random() < w / pods else "ps"
                 self._failure(run, t + step, role, "Evicted")
+        failed_now = len(run.events) > events_before
+        if checkpoint_due and not failed_now:  # a checkpoint of a step that ended well
+            run.checkpoint_progress = run.progress
         paused = run.pause_until > t + step
         if run.finished_at is None and not paused and t + step >= run.next_decision:
             run.next_decision = t + step + self.policy.decision_interval_s
@@ -508,11 +512,11 @@ class Simulation:
             if new is not None:
                 self._resize(run, new, t, pause=f.relaunch_s)
             return
-        run.restarts += 1
-        if run.restarts > f.retry_limit:
+        if run.restarts >= f.retry_limit:
             run.failed = f"{reason} ({role}); {f.retry_limit} restarts used"
             self._finish(run, t, failed=True)
             return
+        run.restarts += 1
         run.progress = run.checkpoint_progress
         run.pause_until = t + f.restart_s
         # A new incarnation: its samples and times start afresh, as a restarted job's would.

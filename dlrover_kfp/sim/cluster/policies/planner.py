@@ -63,17 +63,25 @@ class PlannerPolicy:
         #: (the plan has settled; the runtime does the same to stay cheap)
         self.back_off_after = back_off_after
         self.store = InMemoryHistoryStore()
+        #: per job id, once its first decision names it
         self.jobs: dict[str, _JobState] = {}
+        #: states made by ``initial`` (which sees only the spec), per job name, oldest first:
+        #: runs of one recurring job share a name and may overlap
+        self.pending: dict[str, list[_JobState]] = {}
 
     def initial(self, spec: JobSpec, now: float) -> ResourcePlan:
         plan = plan_job(spec, self.store, FixedClock(now), self.settings)
         similar = self.store.find_similar(similarity_query(spec, self.settings, now))
         known = [o for job in similar if job.run_id in plan.similar_jobs for o in job.observations]
-        self.jobs[spec.name] = _JobState(ctx=context_from_spec(spec, self.settings), known=known)
+        state = _JobState(ctx=context_from_spec(spec, self.settings), known=known)
+        self.pending.setdefault(spec.name, []).append(state)
         return plan
 
     def _state(self, job: JobView) -> _JobState:
-        state = self.jobs[job.spec.name]
+        state = self.jobs.get(job.job_id)
+        if state is None:
+            state = self.pending[job.spec.name].pop(0)
+            self.jobs[job.job_id] = state
         if state.incarnation != job.started_at:  # a restarted job starts its steps afresh
             state.incarnation = job.started_at
             state.last_step = None
@@ -135,4 +143,7 @@ class PlannerPolicy:
 
     def finished(self, profile: JobProfile) -> None:
         self.store.record(profile)
-        self.jobs.pop(profile.job.name, None)
+        if self.jobs.pop(profile.run_id, None) is None:  # it never reached a decision
+            waiting = self.pending.get(profile.job.name)
+            if waiting:
+                waiting.pop(0)
