@@ -13,6 +13,7 @@ from dlrover_kfp.cli.common import HELP_FORMAT
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings
+from dlrover_kfp.sim.cluster.plots import write_plots
 from dlrover_kfp.sim.cluster.results import aggregate, format_table
 from dlrover_kfp.sim.cluster.runner import Comparison, compare, parse_policies
 from dlrover_kfp.sim.cluster.trace import (
@@ -32,8 +33,9 @@ def register(sub: Any) -> None:
         help="compare manual, optimus, dlrover-oss and dlrover-kfp on a simulated cluster",
         description="Replay a job trace (or a synthetic one) on a simulated cluster once per "
         "policy and seed, and compare job completion time, completion rate and CPU and memory "
-        "utilisation. Writes OUTPUT/results.json and OUTPUT/trace.jsonl (the trace used) and "
-        "prints the comparison table; progress goes to stderr.",
+        "utilisation. Writes OUTPUT/results.json, OUTPUT/trace.jsonl (the trace of the first seed) "
+        "and the plots OUTPUT/jct_cdf.svg and OUTPUT/utilisation.svg (first seed), and prints "
+        "the comparison table; progress goes to stderr.",
         epilog="Examples:\n  dlrover-kfp simulate --synthetic 500 --seeds 3 --output sim-out\n"
         "  dlrover-kfp simulate --trace jobs.jsonl --policies manual,dlrover-kfp --output out",
         formatter_class=HELP_FORMAT,
@@ -101,6 +103,8 @@ def _run(args: argparse.Namespace) -> int:
         if seed == args.seed:
             out.mkdir(parents=True, exist_ok=True)
             write_trace(out / "trace.jsonl", jobs, description=f"seed {seed}")
+            first = runs[-1]
+            write_plots(out, first.jct_minutes, first.utilisation, label=f"seed {seed}")
     table = aggregate([r.summaries for r in runs])
     document = {
         "policies": {

@@ -28,6 +28,9 @@ def test_synthetic_comparison_writes_results_and_the_trace(
         assert set(metrics) == set(METRICS)
         assert 0.0 <= metrics["completion_rate"]["mean"] <= 1.0
     assert [s["seed"] for s in document["per_seed"]] == [0, 1]
+    for plot in ("jct_cdf.svg", "utilisation.svg"):
+        text = (out / plot).read_text()
+        assert text.startswith("<") and "dlrover-kfp" in text and "manual" in text
     # The trace written beside the results replays.
     jobs = read_trace(out / "trace.jsonl")
     assert len(jobs) == 20
