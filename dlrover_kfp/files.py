@@ -47,6 +47,8 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     except OSError as exc:
         raise UserInputError(f"{target}: cannot write: {exc.strerror}") from None
     try:
+        # mkstemp creates 0600; documents are meant to be read by others, like any new file.
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
