@@ -17,7 +17,7 @@ import statistics
 
 import pytest
 
-from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
+from dlrover_kfp.core.plan import NodeAction, NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec, NodeRequest, Quota, ResourcesSpec, SyntheticData
 from dlrover_kfp.sim.cluster.api import JobOutcome, JobView, Policy, Role
@@ -482,6 +482,56 @@ def test_a_straggler_slows_a_static_job_and_an_elastic_one_less() -> None:
     # Dynamic sharding: the other three workers keep their pace.
     assert elastic > 1.0
     assert elastic - 1 < 0.5 * (static - 1)
+
+
+class ReplacingPolicy(FixedPolicy):
+    """Elastic; replaces any worker reporting under half its peers' median pace."""
+
+    def decide(self, job: JobView) -> ResourcePlan | None:
+        if not job.samples:
+            return None
+        workers = [n for n in job.samples[-1].nodes if n.role == "worker"]
+        paces = sorted(n.throughput or 0.0 for n in workers)
+        median = paces[len(paces) // 2]
+        slow = [n for n in workers if (n.throughput or 0.0) < 0.5 * median]
+        if not slow:
+            return None
+        actions = tuple(NodeAction(kind="replace_worker", node=n.name, reason="slow") for n in slow)
+        return dataclasses.replace(job.plan, actions=actions)
+
+
+def test_workers_report_their_own_pace_and_a_replaced_straggler_recovers() -> None:
+    model = even_workers(onset=0.1, duration=0.8, slowdown=4.0)
+    faults = dataclasses.replace(QUIET, straggler_job_fraction=1.0)
+    job = make_job("slow", hours=2.0)
+    seen: list[list[float]] = []
+
+    class Watching(FixedPolicy):
+        def decide(self, view: JobView) -> ResourcePlan | None:
+            if view.samples:
+                seen.append(
+                    [n.throughput or 0.0 for n in view.samples[-1].nodes if n.role == "worker"]
+                )
+            return None
+
+    Simulation(
+        [job], Watching(elastic=True), cluster(step_s=60.0), faults, seed=5, stragglers=model
+    ).run()
+    # During the episode worker 0 reports a quarter of its peers' pace.
+    assert any(paces[0] < 0.3 * max(paces[1:]) for paces in seen)
+
+    kept = straggler_jct(FixedPolicy(elastic=True), 1.0, model)
+    replaced = Simulation(
+        [job],
+        ReplacingPolicy(elastic=True),
+        cluster(step_s=60.0),
+        faults,
+        seed=5,
+        stragglers=model,
+    ).run()
+    outcome = replaced.outcomes[0]
+    assert outcome.succeeded
+    assert jct(outcome) < kept
 
 
 def test_pai_straggler_episodes_slow_static_jobs() -> None:

@@ -316,6 +316,17 @@ class Simulation:
 
     # -- one job, one step ---------------------------------------------------------------------
 
+    def _factors(self, run: _Run) -> list[float]:
+        """Each worker's slowdown right now (1 = its nominal pace)."""
+        assert run.plan is not None
+        w = run.plan.workers.count
+        factors = list(run.slowdowns[:w]) + [1.0] * max(0, w - len(run.slowdowns))
+        if run.straggler is not None:
+            onset, end, factor, k = run.straggler
+            if onset <= run.progress < end and k < w:
+                factors[k] = max(factors[k], factor)
+        return factors
+
     def _rates(self, run: _Run) -> tuple[float, float, float]:
         """(samples/s, cores used per worker, cores used per PS) right now."""
         assert run.plan is not None
@@ -326,11 +337,7 @@ class Simulation:
         w, p = plan.workers.count, plan.ps.count
         batch = spec.training.batch_size
         x, wu, pu = truth.evaluate(w, p, plan.workers.cpu, ps_cpu, batch)
-        factors = list(run.slowdowns[:w]) + [1.0] * max(0, w - len(run.slowdowns))
-        if run.straggler is not None:
-            onset, end, factor, k = run.straggler
-            if onset <= run.progress < end and k < w:
-                factors[k] = max(factors[k], factor)
+        factors = self._factors(run)
         per_worker = x / w
         if self.policy.elastic:  # dynamic sharding: every worker contributes its own pace
             eff = sum(per_worker / f for f in factors)
@@ -413,6 +420,10 @@ class Simulation:
         w, p = plan.workers.count, plan.ps.count
         measured = max(0.0, x * rng.gauss(1.0, noise))
         worker_cpu = plan.workers.cpu
+        # Each worker reports its own pace: a straggler shows as a worker far below its peers.
+        factors = self._factors(run)
+        pace = [1.0 / f for f in factors]
+        share = sum(pace)
         nodes = [
             NodeSample(
                 name=f"{run.job.id}-worker-{k}",
@@ -421,7 +432,7 @@ class Simulation:
                 cpu_requested=worker_cpu,
                 memory_used_mb=int(min(worker_mem, plan.workers.memory_mb)),
                 memory_requested_mb=plan.workers.memory_mb,
-                throughput=round(measured / w, 1),
+                throughput=round(measured * pace[k] / share, 1),
             )
             for k in range(w)
         ]
@@ -528,7 +539,11 @@ class Simulation:
     def _resize(self, run: _Run, new: ResourcePlan, t: float, *, pause: float) -> None:
         assert run.plan is not None
         old = run.plan
+        replaced = self._replace_workers(run, new, t)
         if new.workers == old.workers and new.ps == old.ps:
+            if replaced:
+                run.plan = new
+                run.plans.append(self._applied(new, t - run.incarnation_start))
             return
         self._release(run)
         placement = self._place(new)
@@ -559,6 +574,27 @@ class Simulation:
         run.plans.append(self._applied(new, t - run.incarnation_start))
         rng = random.Random(f"{self.seed}:{run.job.id}:slow:{run.resizes}")
         run.slowdowns = tuple(self.stragglers.slowdown_factors(rng, new.workers.count))
+
+    def _replace_workers(self, run: _Run, plan: ResourcePlan, t: float) -> bool:
+        """Apply ``replace_worker`` actions: the named workers get new pods at nominal pace."""
+        prefix = f"{run.job.id}-worker-"
+        done = False
+        for action in plan.actions:
+            if action.kind != "replace_worker" or not action.node.startswith(prefix):
+                continue
+            k = int(action.node[len(prefix) :])
+            slow = list(run.slowdowns)
+            if k < len(slow):
+                slow[k] = 1.0
+                run.slowdowns = tuple(slow)
+            if run.straggler is not None and run.straggler[3] == k:
+                run.straggler = None
+            # One worker of w restarts while the others train on: its share of a relaunch.
+            share = self.faults.relaunch_s / max(1, plan.workers.count)
+            run.pause_until = max(run.pause_until, t + share)
+            self._event(run, t, "relaunch", "worker", f"{action.node} replaced: {action.reason}")
+            done = True
+        return done
 
     def _finish(self, run: _Run, t: float, *, failed: bool) -> None:
         self._release(run)
