@@ -6,8 +6,10 @@ full disk never leaves half a plan or half a model behind.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -60,3 +62,37 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def iter_json_lines(path: str | os.PathLike[str]) -> Iterator[tuple[str, int, object]]:
+    """``(where, line number, value)`` for every non-blank line of a JSON Lines file.
+
+    ``where`` is ``<file>:<line>``, for the caller's own validation messages. A missing or
+    unreadable file, a line that is not UTF-8 and a line that is not JSON are
+    :class:`UserInputError` naming the file (and line).
+    """
+    source = Path(path)
+    try:
+        handle = source.open("rb")
+    except FileNotFoundError:
+        raise UserInputError(f"{source}: no such file") from None
+    except IsADirectoryError:
+        raise UserInputError(f"{source}: is a directory, expected a file") from None
+    except OSError as exc:
+        raise UserInputError(f"{source}: cannot read: {exc.strerror}") from None
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{source}:{number}"
+            try:
+                text = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise UserInputError(f"{where}: not UTF-8 text") from None
+            if not text:
+                continue
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise UserInputError(
+                    f"{where}: malformed JSON: {exc.msg} (column {exc.colno})"
+                ) from None
+            yield where, number, value

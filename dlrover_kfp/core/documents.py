@@ -59,7 +59,14 @@ def _describe(error: Any, prefix: str) -> str:
 
 
 #: Discriminated-union tags pydantic inserts into locations; not keys the user wrote.
-_UNION_TAGS = frozenset({"criteo", "synthetic"})
+#: Discriminator values of tagged unions: pydantic puts them into an error's key path
+#: (``data.criteo.path``), which is not a key the user wrote, so messages leave them out.
+_UNION_TAGS: set[str] = {"criteo", "synthetic"}
+
+
+def register_union_tags(*tags: str) -> None:
+    """Declare more discriminator values (a module defining a tagged union calls this)."""
+    _UNION_TAGS.update(tags)
 
 
 def parse(cls: type[T], data: object, source: str, *, prefix: str = "") -> T:

@@ -16,6 +16,7 @@ from pathlib import Path
 from dlrover_kfp.core.documents import parse, to_dict
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.files import iter_json_lines
 from dlrover_kfp.history.validation import checked_summary
 from dlrover_kfp.ports import HistoryStore
 
@@ -58,41 +59,18 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[JobProfile]:
     Blank lines are ignored. The message names ``<file>:<line>`` and what is wrong, including a
     run_id that an earlier line already used.
     """
-    source = Path(path)
-    try:
-        handle = source.open("rb")
-    except FileNotFoundError:
-        raise UserInputError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise UserInputError(f"{source}: is a directory, expected a file") from None
-    except OSError as exc:
-        raise UserInputError(f"{source}: cannot read: {exc.strerror}") from None
     profiles: list[JobProfile] = []
     first_line: dict[str, int] = {}
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            where = f"{source}:{number}"
-            try:
-                text = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise UserInputError(f"{where}: not UTF-8 text") from None
-            if not text:
-                continue
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise UserInputError(
-                    f"{where}: malformed JSON: {exc.msg} (column {exc.colno})"
-                ) from None
-            profile = parse(JobProfile, data, where)
-            checked_summary(profile, where)
-            if profile.run_id in first_line:
-                raise UserInputError(
-                    f"{where}: run_id {profile.run_id!r} already appears on line "
-                    f"{first_line[profile.run_id]}"
-                )
-            first_line[profile.run_id] = number
-            profiles.append(profile)
+    for where, number, data in iter_json_lines(path):
+        profile = parse(JobProfile, data, where)
+        checked_summary(profile, where)
+        if profile.run_id in first_line:
+            raise UserInputError(
+                f"{where}: run_id {profile.run_id!r} already appears on line "
+                f"{first_line[profile.run_id]}"
+            )
+        first_line[profile.run_id] = number
+        profiles.append(profile)
     return profiles
 
 

@@ -48,11 +48,9 @@ import json
 import math
 import os
 import random
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass as plain_dataclass
-from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import Field, Strict, model_validator
@@ -71,8 +69,8 @@ from dlrover_kfp.core.spec import (
     TrainingSpec,
 )
 from dlrover_kfp.core.types import CONTRACT_CONFIG, NonNegFloat, Str
-from dlrover_kfp.errors import SpecError, UserInputError
-from dlrover_kfp.files import write_atomic
+from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.files import iter_json_lines, write_atomic
 from dlrover_kfp.sim.cluster.truth import (
     JobTruth,
     MemoryTruth,
@@ -153,9 +151,6 @@ class TraceJob:
 # The JSONL file
 
 
-_UNION_TAG = re.compile(r"\.(?:ps-contention|roofline)(?=[.:\[ ])")
-
-
 def write_trace(
     path: str | os.PathLike[str], jobs: Sequence[TraceJob], description: str = ""
 ) -> None:
@@ -174,63 +169,32 @@ def read_trace(path: str | os.PathLike[str]) -> list[TraceJob]:
     job id that an earlier line already used (naming both lines) and a header anywhere but on
     the first line. Blank lines are ignored.
     """
-    source = Path(path)
-    try:
-        handle = source.open("rb")
-    except FileNotFoundError:
-        raise UserInputError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise UserInputError(f"{source}: is a directory, expected a file") from None
-    except OSError as exc:
-        raise UserInputError(f"{source}: cannot read: {exc.strerror}") from None
     jobs: list[TraceJob] = []
     first_line: dict[str, int] = {}
     seen_content = False
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            where = f"{source}:{number}"
-            try:
-                text = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise UserInputError(f"{where}: not UTF-8 text") from None
-            if not text:
-                continue
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as exc:
+    for where, number, data in iter_json_lines(path):
+        if isinstance(data, dict) and "trace_version" in data:
+            if seen_content:
+                raise UserInputError(f"{where}: trace_version: a header must be the first line")
+            version = data["trace_version"]
+            if version != TRACE_VERSION or isinstance(version, bool):
                 raise UserInputError(
-                    f"{where}: malformed JSON: {exc.msg} (column {exc.colno})"
-                ) from None
-            if isinstance(data, dict) and "trace_version" in data:
-                if seen_content:
-                    raise UserInputError(f"{where}: trace_version: a header must be the first line")
-                version = data["trace_version"]
-                if version != TRACE_VERSION or isinstance(version, bool):
-                    raise UserInputError(
-                        f"{where}: trace_version: unsupported version {version!r} "
-                        f"(this reader knows {TRACE_VERSION})"
-                    )
-                _parse(TraceHeader, data, where)
-                seen_content = True
-                continue
-            seen_content = True
-            job = _parse(TraceJob, data, where)
-            if job.id in first_line:
-                raise UserInputError(
-                    f"{where}: id {job.id!r} already appears on line {first_line[job.id]}"
+                    f"{where}: trace_version: unsupported version {version!r} "
+                    f"(this reader knows {TRACE_VERSION})"
                 )
-            first_line[job.id] = number
-            jobs.append(job)
+            parse(TraceHeader, data, where)
+            seen_content = True
+            continue
+        seen_content = True
+        job = parse(TraceJob, data, where)
+        if job.id in first_line:
+            raise UserInputError(
+                f"{where}: id {job.id!r} already appears on line {first_line[job.id]}"
+            )
+        first_line[job.id] = number
+        jobs.append(job)
     jobs.sort(key=lambda job: job.arrival_s)
     return jobs
-
-
-def _parse(cls: type[T], data: object, where: str) -> T:
-    """:func:`parse`, without the family tags pydantic puts into the key path of a union."""
-    try:
-        return parse(cls, data, where)
-    except SpecError as exc:
-        raise SpecError(_UNION_TAG.sub("", str(exc))) from None
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,11 +34,15 @@ from typing import Annotated, Literal
 from pydantic import Field, Strict, model_validator
 from pydantic.dataclasses import dataclass
 
+from dlrover_kfp.core.documents import register_union_tags
 from dlrover_kfp.core.footprint import RUNTIME_MB
 from dlrover_kfp.core.types import CONTRACT_CONFIG, NonNegFloat, PosFloat
 
 #: A fraction in [0, 1).
 Fraction = Annotated[float, Strict(), Field(ge=0, lt=1)]
+
+
+register_union_tags("ps-contention", "roofline")
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
