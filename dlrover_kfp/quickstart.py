@@ -17,7 +17,7 @@ from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.core.summary import format_timestamp
-from dlrover_kfp.planning import plan_job, similarity_query
+from dlrover_kfp.planning import plan_job_with_history
 from dlrover_kfp.ports import Clock, FixedClock, HistoryStore
 from dlrover_kfp.sim.job import simulate_job
 from dlrover_kfp.sim.workload import Truth
@@ -85,9 +85,7 @@ def run_quickstart(
     for r in range(1, rounds + 1):
         day = start + (r - 1) * DAY_S
 
-        plan = plan_job(spec, store, FixedClock(day), settings)
-        similar = store.find_similar(similarity_query(spec, settings, day))
-        known = [o for job in similar if job.run_id in plan.similar_jobs for o in job.observations]
+        plan, known = plan_job_with_history(spec, store, FixedClock(day), settings)
         progress(f"round {r}/{rounds}: {plan.stage.value}: {plan.reason}")
         profile = simulate_job(
             spec,

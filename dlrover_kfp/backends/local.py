@@ -403,8 +403,8 @@ class LocalBackend:
         while not self._stop.wait(self._interval):
             try:
                 self._check_all()
-            except Exception:  # the watchdog must outlive any one bad sample
-                logger.exception("local backend watchdog: sampling failed")
+            except (OSError, psutil.Error):  # a pod vanished between two calls: next tick
+                logger.warning("local backend watchdog: sampling failed", exc_info=True)
 
     def _check_all(self) -> None:
         for pod in self._running_pods():

@@ -139,6 +139,8 @@ class StaticRun:
         self.clock = clock
         self.samples: list[RuntimeSample] = []
         self.events: list[JobEvent] = []
+        #: per worker index: (time, samples reported) at its previous runtime sample
+        self._worker_last: dict[int, tuple[float, int]] = {}
 
         dataset = open_dataset(spec.data, spec.model, base_dir)  # bad data fails before pods
         self.dataset_rows = sum(dataset.source_rows)
@@ -225,8 +227,6 @@ class StaticRun:
         )
         return t, samples, loss_sum
 
-    _worker_last: dict[int, tuple[float, int]]
-
     def _worker_rate(self, index: int, per_worker: dict[str, int], t: float) -> float:
         done = per_worker.get(f"worker-{index}", 0)
         t0, s0 = self._worker_last.get(index, (0.0, 0))
@@ -238,7 +238,6 @@ class StaticRun:
     def run(self) -> RunResult:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir = self.output_dir / "checkpoints"
-        self._worker_last = {}
         state = MasterState(
             ledger=self.ledger,
             num_ps=self.ps.count,

@@ -1314,7 +1314,7 @@ class Server:
     def _shutdown(self) -> None:
         for peer in list(self._peers.values()):
             self._drop(peer)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(OSError):
             self._selector.close()
         for sock in (self._listener, self._wake_r, self._wake_w):
             sock.close()

@@ -1,9 +1,9 @@
 """``dlrover-kfp``: this package's own planner, the same functions the runtime calls.
 
-* start: :func:`dlrover_kfp.planning.plan_job` against an in-memory history store that holds
-  every job this policy has finished in the simulation (warm start for recurring scenarios,
-  cold start otherwise), with the observations of the similar jobs it used handed on to
-  Stage 2 as known points, as the quickstart does;
+* start: :func:`dlrover_kfp.planning.plan_job_with_history` against an in-memory history
+  store that holds every job this policy has finished in the simulation (warm start for
+  recurring scenarios, cold start otherwise), with the observations of the similar jobs it
+  used handed on to Stage 2 as known points, as the quickstart does;
 * while running: Stage 3 (:func:`~dlrover_kfp.core.planner.post_scale`) first, for what went
   wrong since the last decision (OOM, memory trend, hot PS, stragglers), then Stage 2
   (:func:`~dlrover_kfp.core.planner.auto_scale`) with the job's own samples, judging and
@@ -29,7 +29,7 @@ from dlrover_kfp.core.planner.post_scale import Instability, post_scale
 from dlrover_kfp.core.profile import JobEvent, JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.history.memory import InMemoryHistoryStore
-from dlrover_kfp.planning import plan_job, similarity_query
+from dlrover_kfp.planning import plan_job_with_history
 from dlrover_kfp.ports import FixedClock
 from dlrover_kfp.sim.cluster.api import JobView, Role
 
@@ -70,9 +70,7 @@ class PlannerPolicy:
         self.pending: dict[str, list[_JobState]] = {}
 
     def initial(self, spec: JobSpec, now: float) -> ResourcePlan:
-        plan = plan_job(spec, self.store, FixedClock(now), self.settings)
-        similar = self.store.find_similar(similarity_query(spec, self.settings, now))
-        known = [o for job in similar if job.run_id in plan.similar_jobs for o in job.observations]
+        plan, known = plan_job_with_history(spec, self.store, FixedClock(now), self.settings)
         state = _JobState(ctx=context_from_spec(spec, self.settings), known=known)
         self.pending.setdefault(spec.name, []).append(state)
         return plan
