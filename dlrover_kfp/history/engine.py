@@ -16,8 +16,10 @@ Three things live here because both the store (``sql.py``) and the migrations ne
 
 from __future__ import annotations
 
+import random
 import re
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -118,12 +120,34 @@ def _sqlite_on_connect(dbapi_connection: Any, connection_record: Any) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute("PRAGMA foreign_keys=ON")
-        # Reading the mode first avoids asking for a write lock on every connect.
-        (mode,) = cursor.execute("PRAGMA journal_mode").fetchone()
-        if str(mode).lower() not in ("wal", "memory"):
-            cursor.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(cursor)
     finally:
         cursor.close()
+
+
+def _switch_to_wal(cursor: sqlite3.Cursor) -> None:
+    """Put the file in WAL mode once; the mode is stored in the file, so later opens only read it.
+
+    Switching needs an exclusive lock, and SQLite answers "database is locked" at once, without
+    its busy handler, when processes opening a fresh file race to switch it. So the switch is
+    retried with a growing pause for up to the busy timeout; the loser of the race then reads
+    "wal" and stops.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    pause = 0.002
+    while True:
+        # Reading the mode first avoids asking for a write lock on every connect.
+        (mode,) = cursor.execute("PRAGMA journal_mode").fetchone()
+        if str(mode).lower() in ("wal", "memory"):
+            return
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause * (0.5 + random.random()))
+        pause = min(pause * 2, 0.1)
 
 
 def _sqlite_on_begin(conn: Connection) -> None:

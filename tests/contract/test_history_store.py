@@ -38,6 +38,7 @@ from dlrover_kfp.history.migrations import (
 )
 from dlrover_kfp.history.sql import job_summaries, metadata, profiles, summary_to_row
 from dlrover_kfp.ports import HistoryStore, SimilarityQuery
+from tests.contract import fresh_open
 from tests.factories import iso, make_profile
 
 POSTGRES_ENV = "DLROVER_KFP_TEST_POSTGRES_URL"
@@ -382,6 +383,30 @@ class TestSqlHistoryStore:
             with store.engine.connect() as conn:
                 versions = conn.execute(sa.select(schema_version.c.version)).scalars().all()
             assert versions == [m.version for m in MIGRATIONS]
+
+    def test_processes_opening_a_fresh_sqlite_file_at_once_all_succeed(
+        self, tmp_path: Path
+    ) -> None:
+        # Switching a new file to WAL needs an exclusive lock, and SQLite refuses racing
+        # switchers at once, without its busy timeout; before the retry ~3% of openers failed
+        # with "database is locked", so 80 rounds of 4 catch a regression most of the time.
+        ctx = multiprocessing.get_context("forkserver")
+        # Children fork from a server that has imported only the opener, not pytest and torch.
+        ctx.set_forkserver_preload(["tests.contract.fresh_open"])
+        errors: list[str] = []
+        for round_ in range(80):
+            url = f"sqlite:///{tmp_path}/race-{round_}.db"
+            barrier, results = ctx.Barrier(4), ctx.Queue()
+            procs = [
+                ctx.Process(target=fresh_open.open_once, args=(url, barrier, results))
+                for _ in range(4)
+            ]
+            for proc in procs:
+                proc.start()
+            errors += [error for error in (results.get(timeout=120) for _ in procs) if error]
+            for proc in procs:
+                proc.join(timeout=30)
+        assert not errors, errors
 
     def test_record_many_rolls_back_when_the_database_fails_midway(
         self, sql_store: SqlHistoryStore
