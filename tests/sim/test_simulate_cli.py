@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dlrover_kfp.cli.main import main
-from dlrover_kfp.sim.cluster.results import METRICS
+from dlrover_kfp.sim.cluster.results import METRICS, format_table, spread
 from dlrover_kfp.sim.cluster.trace import read_trace
 
 
@@ -69,3 +69,22 @@ def test_bad_input_is_one_line_and_exit_2(
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_table_columns_stay_apart_when_seeds_spread() -> None:
+    # Three seeds give "mean (min-max)" cells, wider than one value; the spread carries no unit.
+    table = {
+        policy: {
+            m: spread([base * 60 * k for k in (1.0, 1.1, 1.3)])
+            if m.endswith("jct")
+            else spread([0.2 * k for k in (1.0, 1.1, 1.3)])
+            for m in METRICS
+        }
+        for policy, base in (("manual", 157.6), ("a-much-longer-policy-name", 43.4))
+    }
+    lines = format_table(table).splitlines()
+    rows = lines[: 2 + len(METRICS)]
+    assert len({len(line) for line in rows}) == 1, "every row as wide as the header"
+    median = next(line for line in rows if line.startswith("median_jct"))
+    assert "178.6 min (157.6-204.9)  " in median, median
+    assert median.endswith("49.2 min (43.4-56.4)")

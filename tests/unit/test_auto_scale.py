@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 
 import pytest
 
+from dlrover_kfp.core.footprint import RUNTIME_MB
 from dlrover_kfp.core.observation import Config
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner import (
@@ -14,7 +17,9 @@ from dlrover_kfp.core.planner import (
     auto_scale,
     context_from_spec,
 )
+from dlrover_kfp.core.planner.context import PlanningContext, clamp_memory
 from dlrover_kfp.core.planner.search import CPU_LADDER
+from dlrover_kfp.core.profile import NodeSample, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.sim.workload import Truth
 
@@ -146,3 +151,124 @@ def test_rolls_back_when_throughput_drops_20_percent() -> None:
     assert decision.plan is not None
     assert decision.plan.same_resources(good)
     assert decision.plan.reason.startswith("rollback")
+
+
+# -- memory right-sizing ------------------------------------------------------------------
+
+
+def measured(
+    current: ResourcePlan, *, worker_used: int, ps_used: list[int], x: float = 1000.0
+) -> list[RuntimeSample]:
+    """``min_samples`` samples of a job at ``current`` whose pods use the given MiB and keep
+    their CPU busy (so that no CPU probe competes with the memory decision)."""
+    w, p = current.workers, current.ps
+    assert len(ps_used) == p.count
+    nodes = tuple(
+        NodeSample(
+            name=f"job-worker-{k}",
+            role="worker",
+            cpu_used=0.95 * w.cpu,
+            cpu_requested=w.cpu,
+            memory_used_mb=worker_used,
+            memory_requested_mb=w.memory_mb,
+            throughput=x / w.count,
+        )
+        for k in range(w.count)
+    ) + tuple(
+        NodeSample(
+            name=f"job-ps-{k}",
+            role="ps",
+            cpu_used=0.95 * p.cpu,
+            cpu_requested=p.cpu,
+            memory_used_mb=used,
+            memory_requested_mb=p.memory_mb,
+        )
+        for k, used in enumerate(ps_used)
+    )
+    return [
+        RuntimeSample(
+            time=30.0 * i,
+            global_step=100 * i,
+            throughput=x,
+            workers=w.count,
+            ps=p.count,
+            worker_cpu=w.cpu,
+            ps_cpu=p.cpu,
+            nodes=nodes,
+        )
+        for i in range(SAMPLES_PER_ROUND)
+    ]
+
+
+def fixed_job(worker_mb: int, ps_mb: int) -> tuple[PlanningContext, ResourcePlan]:
+    """A job that cannot change its counts or CPU (elastic bounds and quota are exactly its
+    request), so that memory is the only thing left to decide."""
+    current = ResourcePlan(
+        workers=NodeGroup(count=4, cpu=4.0, memory_mb=worker_mb),
+        ps=NodeGroup(count=2, cpu=4.0, memory_mb=ps_mb),
+        stage=Stage.COLD_START,
+        reason="the user's request",
+    )
+    ctx = context_from_spec(spec(current.total_cpu, max_workers=4, max_ps=2), SETTINGS)
+    return ctx, current
+
+
+def test_over_provisioned_memory_is_cut_to_measured_use_plus_headroom() -> None:
+    ctx, current = fixed_job(worker_mb=8192, ps_mb=8192)
+    s = SETTINGS.auto_scale
+    samples = measured(current, worker_used=2000, ps_used=[RUNTIME_MB + 50, RUNTIME_MB + 50])
+    decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
+    assert decision.plan is not None, decision.reason
+    assert decision.kind == "give_back" and "right-sizes memory" in decision.reason
+    new = decision.plan
+    assert config(new) == config(current), "memory alone changes"
+    # worker: peak x (1 + headroom), rounded up to the memory step
+    assert new.workers.memory_mb == clamp_memory(2000 * (1 + s.worker_memory_headroom), ctx.node)
+    # PS: the full rows (more than the 100 MiB held now) split over 2, balanced, x (1 + headroom)
+    assert ctx.ps_state_mb > 100
+    expected_ps = RUNTIME_MB + math.ceil(math.ceil(ctx.ps_state_mb * 1.2) / 2)
+    assert new.ps.memory_mb == max(ctx.node.min_memory_mb, expected_ps)
+    assert new.total_memory_mb <= 0.8 * current.total_memory_mb
+
+
+def test_ps_memory_covers_the_measured_imbalance_and_state_beyond_the_model_floor() -> None:
+    ctx, current = fixed_job(worker_mb=8192, ps_mb=16384)
+    big, small = 3000 + ctx.ps_state_mb, 1000 + ctx.ps_state_mb // 3
+    samples = measured(current, worker_used=2000, ps_used=[RUNTIME_MB + big, RUNTIME_MB + small])
+    decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
+    assert decision.plan is not None, decision.reason
+    ps_mb = decision.plan.ps.memory_mb
+    # the projection: total state x (largest / mean) x 1.2, split over 2 PS
+    imbalance = big / ((big + small) / 2)
+    assert ps_mb == RUNTIME_MB + math.ceil(math.ceil((big + small) * imbalance * 1.2) / 2)
+    assert ps_mb >= RUNTIME_MB + 1.2 * big, "the largest PS keeps its headroom"
+
+
+def test_small_memory_savings_do_not_relaunch_pods() -> None:
+    # Worker memory 1.5x its use (a warm start's margin): right-sizing would free < 20%.
+    ctx, _ = fixed_job(worker_mb=3072, ps_mb=4096)
+    sized_ps = RUNTIME_MB + math.ceil(ctx.ps_state_mb * 1.2 / 2)
+    _, current = fixed_job(worker_mb=3072, ps_mb=sized_ps + 64)
+    samples = measured(current, worker_used=2048, ps_used=[RUNTIME_MB + 100, RUNTIME_MB + 100])
+    decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
+    assert decision.plan is None and decision.reason.startswith("stable"), decision.reason
+
+
+def test_memory_is_never_grown_by_auto_scaling() -> None:
+    # Workers are at their limit (Stage 3's business), the PS are fat: only the PS shrink.
+    ctx, current = fixed_job(worker_mb=2048, ps_mb=16384)
+    samples = measured(current, worker_used=2040, ps_used=[RUNTIME_MB + 100, RUNTIME_MB + 100])
+    decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
+    assert decision.plan is not None, decision.reason
+    assert decision.plan.workers.memory_mb == 2048
+    assert decision.plan.ps.memory_mb < 16384
+
+
+def test_samples_without_pod_readings_keep_memory() -> None:
+    ctx, current = fixed_job(worker_mb=8192, ps_mb=8192)
+    samples = [
+        dataclasses.replace(x, nodes=())
+        for x in measured(current, worker_used=1000, ps_used=[RUNTIME_MB, RUNTIME_MB])
+    ]
+    decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
+    assert decision.plan is None or decision.plan.workers.memory_mb == 8192

@@ -15,7 +15,9 @@ observe (samples) -> decide (this module, pure) -> apply (the runtime). Each dec
    that role's CPU per pod (to ``probe_factor`` of it, not below mean use x 1.25) and lets the
    next measurement judge. Averages of CPU use cannot tell whether fewer cores suffice
    (bursts), a measurement can; and once measured the model knows the slope there;
-7. otherwise keeps the plan: a stable optimum yields no change (no thrashing).
+7. otherwise, if the pods' measured memory shows a much smaller need, right-sizes memory
+   alone (see :func:`memory_needs`; growth and give-back steps carry it along);
+8. otherwise keeps the plan: a stable optimum yields no change (no thrashing).
 
 Growth moves by bounded steps; giving back is taken whole (rollback bounds its risk).
 Predicted gains are ratios of the model at two configurations applied to the measured
@@ -34,7 +36,7 @@ from dlrover_kfp.core.footprint import RUNTIME_MB
 from dlrover_kfp.core.observation import Config, Observation
 from dlrover_kfp.core.perf_model import PRIOR, PerfModel, fit
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
-from dlrover_kfp.core.planner.context import PlanningContext
+from dlrover_kfp.core.planner.context import PlanningContext, clamp_memory
 from dlrover_kfp.core.planner.search import CpuBounds, MemoryNeeds, search
 from dlrover_kfp.core.planner.settings import AutoScaleSettings, PlannerSettings
 from dlrover_kfp.core.profile import RuntimeSample
@@ -43,6 +45,7 @@ from dlrover_kfp.core.usage import (
     config_of,
     cpu_saturation,
     observations_from_samples,
+    peak_memory_mb,
     ps_cores_per_sample,
     worker_cpu_floor,
 )
@@ -191,14 +194,7 @@ def auto_scale(
         ps_cores_per_sample=ps_cores_per_sample(observations),
         headroom=s.idle_headroom,
     )
-    # Memory is conserved: workers keep theirs (Stage 3 grows it), the PS state re-partitions.
-    ps_state = max(ctx.ps_state_mb, cur.ps * (current.ps.memory_mb - RUNTIME_MB))
-    memory = MemoryNeeds(
-        worker_mb=current.workers.memory_mb,
-        ps_fixed_mb=RUNTIME_MB,
-        ps_state_mb=ps_state,
-        ps_min_mb=ctx.node.min_memory_mb,
-    )
+    memory, right_sized = memory_needs(ctx, current, samples, s)
     target = search(model, ctx, memory, bounds, s.near_optimal, include=(cur,)).target
 
     def predict(c: Config) -> float:
@@ -221,6 +217,9 @@ def auto_scale(
         why = f"gives back {saving:.0%} of the cost for {gain - 1:+.1%} throughput"
     else:
         probe = _probe(cur, observations, s, ctx.node.cpu_step)
+        if probe is None and right_sized:
+            freed = current.total_memory_mb - _total_memory_mb(cur, memory)
+            probe = cur, f"right-sizes memory to measured use, freeing {freed / 1024:.1f}Gi"
         if probe is None:
             return AutoScaleDecision(
                 None,
@@ -245,6 +244,64 @@ def auto_scale(
         model,
         kind=kind,
     )
+
+
+def memory_needs(
+    ctx: PlanningContext,
+    current: ResourcePlan,
+    samples: Sequence[RuntimeSample],
+    s: AutoScaleSettings,
+) -> tuple[MemoryNeeds, bool]:
+    """Memory per pod for the plans this decision considers, and whether it was right-sized.
+
+    By default memory is conserved: workers keep theirs (Stage 3 grows it) and the PS keep
+    their total state, re-partitioned over any PS count. Once the job has measured its pods,
+    memory is right-sized, shrink only, when that frees ``min_memory_saving`` of the job's
+    memory at the current configuration::
+
+        worker_mb  = max(floor, peak worker use × (1 + worker_memory_headroom))
+        ps_state   = max(S, used now) × r × (1 + ps_memory_headroom)
+        ps_mb(p)   = runtime + ps_state / p
+
+    where S is the state every PS together holds once every id has been seen (rows, slots and
+    snapshot buffer, from the model's shape), so it bounds the growth still to come, and
+    r = largest PS's state / mean PS state, measured, so the largest PS is covered too.
+    """
+    cur = plan_config(current)
+    conserved = MemoryNeeds(
+        worker_mb=current.workers.memory_mb,
+        ps_fixed_mb=RUNTIME_MB,
+        ps_state_mb=max(ctx.ps_state_mb, cur.ps * (current.ps.memory_mb - RUNTIME_MB)),
+        ps_min_mb=ctx.node.min_memory_mb,
+    )
+    latest = next((x for x in reversed(samples) if x.nodes), None)
+    worker_peak = peak_memory_mb(samples, "worker")
+    if latest is None or worker_peak == 0:
+        return conserved, False
+    ps_state = [max(0, n.memory_used_mb - RUNTIME_MB) for n in latest.nodes if n.role == "ps"]
+    if not ps_state:
+        return conserved, False
+    imbalance = max(ps_state) / statistics.fmean(ps_state) if sum(ps_state) > 0 else 1.0
+    projected = max(ctx.ps_state_mb, sum(ps_state)) * imbalance * (1 + s.ps_memory_headroom)
+    sized = MemoryNeeds(
+        worker_mb=min(
+            conserved.worker_mb,
+            clamp_memory(
+                max(ctx.worker_memory_floor_mb, worker_peak * (1 + s.worker_memory_headroom)),
+                ctx.node,
+            ),
+        ),
+        ps_fixed_mb=RUNTIME_MB,
+        ps_state_mb=min(conserved.ps_state_mb, math.ceil(projected)),
+        ps_min_mb=ctx.node.min_memory_mb,
+    )
+    if _total_memory_mb(cur, sized) > (1 - s.min_memory_saving) * current.total_memory_mb:
+        return conserved, False
+    return sized, True
+
+
+def _total_memory_mb(c: Config, memory: MemoryNeeds) -> int:
+    return c.workers * memory.worker_mb + c.ps * memory.ps_mb(c.ps)
 
 
 def _groups(

@@ -105,6 +105,16 @@ class AutoScaleSettings:
     #: ... and a give-back step (or probe) when it costs more than this: giving back is only
     #: worth it when the job keeps its speed. Above the noise of a 5-sample mean (~1-2%).
     give_back_tolerance: float = 0.05
+    #: Memory right-sizing. Once measured, a worker gets its peak use x (1 + this): a worker's
+    #: memory is flat per batch, so its peak after ``min_samples`` samples is its need ...
+    worker_memory_headroom: float = 0.3
+    #: ... and a PS its projected end-of-job need x (1 + this): the model's full rows, slots
+    #: and snapshot split over the PS (what they hold once every id has been seen), times the
+    #: imbalance measured between them (largest PS / mean) ...
+    ps_memory_headroom: float = 0.2
+    #: ... but only when that frees this share of the job's memory: a memory change relaunches
+    #: pods, which is worth it for the 2-4x users ask for, not for a few percent.
+    min_memory_saving: float = 0.2
 
 
 @dataclass(frozen=True, slots=True)

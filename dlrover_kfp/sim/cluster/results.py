@@ -103,30 +103,37 @@ def aggregate(per_seed: Sequence[Sequence[PolicySummary]]) -> dict[str, dict[str
     return out
 
 
-def _fmt(metric: str, value: float | None) -> str:
+def _fmt(metric: str, value: float | None, *, unit: bool = True) -> str:
     if value is None:
         return "-"
     if metric.endswith("jct"):
-        return f"{value / 60:.1f} min"
+        return f"{value / 60:.1f}" + (" min" if unit else "")
     if metric in ("completion_rate", "cpu_utilization", "memory_utilization"):
-        return f"{100 * value:.1f}%"
+        return f"{100 * value:.1f}" + ("%" if unit else "")
     return f"{value:.0f}"
 
 
 def format_table(table: dict[str, dict[str, Spread]], baseline: str = "manual") -> str:
     """A text table: mean (min-max) per metric, and the change against ``baseline``."""
     policies = list(table)
-    header = f"{'metric':<20}" + "".join(f"{p:>26}" for p in policies)
-    lines = [header, "-" * len(header)]
+    rows: list[list[str]] = []
     for metric in METRICS:
         cells = []
         for p in policies:
             s = table[p][metric]
             text = _fmt(metric, s.mean)
             if s.low is not None and s.high is not None and s.high != s.low:
-                text += f" ({_fmt(metric, s.low)}-{_fmt(metric, s.high)})"
-            cells.append(f"{text:>26}")
-        lines.append(f"{metric:<20}" + "".join(cells))
+                low, high = _fmt(metric, s.low, unit=False), _fmt(metric, s.high, unit=False)
+                text += f" ({low}-{high})"
+            cells.append(text)
+        rows.append(cells)
+    widths = [2 + max(len(p), *(len(row[k]) for row in rows)) for k, p in enumerate(policies)]
+    header = f"{'metric':<20}" + "".join(f"{p:>{w}}" for p, w in zip(policies, widths, strict=True))
+    lines = [header, "-" * len(header)]
+    for metric, cells in zip(METRICS, rows, strict=True):
+        lines.append(
+            f"{metric:<20}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
+        )
     if baseline in table:
         lines.append("")
         base = table[baseline]
