@@ -32,6 +32,17 @@ _CPU_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m)?$")
 MIB = 2**20
 
 
+class Mebibytes(int):
+    """A memory size already parsed into MiB.
+
+    A bare number in a spec means bytes, as in Kubernetes, so parsing a stored MiB value again
+    would shrink it 2**20 times: ``dataclasses.replace`` on a spec type re-runs validation on
+    every field. The spec types store this subclass, and parsing one returns it unchanged.
+    """
+
+    __slots__ = ()
+
+
 def parse_memory_mb(value: object) -> int:
     """Parse a Kubernetes memory quantity into whole MiB, rounding up.
 
@@ -41,6 +52,8 @@ def parse_memory_mb(value: object) -> int:
     >>> parse_memory_mb("8Gi"), parse_memory_mb("512Mi"), parse_memory_mb("16G")
     (8192, 512, 15259)
     """
+    if isinstance(value, Mebibytes):
+        return value
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a memory quantity (e.g. 8Gi, 512Mi, 16G)")
     if isinstance(value, int | float):

@@ -9,9 +9,23 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BeforeValidator, ConfigDict, Field, PlainSerializer, Strict, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    Strict,
+    WithJsonSchema,
+)
 
-from dlrover_kfp.core.quantity import format_cpu, format_memory, parse_cpu, parse_memory_mb
+from dlrover_kfp.core.quantity import (
+    Mebibytes,
+    format_cpu,
+    format_memory,
+    parse_cpu,
+    parse_memory_mb,
+)
 
 #: Configuration of every contract dataclass: unknown keys are errors.
 CONTRACT_CONFIG = ConfigDict(extra="forbid", validate_assignment=False)
@@ -46,6 +60,7 @@ _MEMORY_PATTERN = r"^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G
 MemoryQuantity = Annotated[
     int,
     BeforeValidator(parse_memory_mb),
+    AfterValidator(Mebibytes),  # so that validating the stored value again keeps it
     PlainSerializer(format_memory, return_type=str),
     WithJsonSchema(
         {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jsonschema
@@ -11,7 +12,7 @@ from dlrover_kfp.core.documents import json_schema, load_text, parse, to_dict
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.quantity import format_cpu, format_memory, parse_cpu, parse_memory_mb
-from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.core.spec import JobSpec, NodeRequest, Quota
 from dlrover_kfp.errors import SpecError
 from tests.factories import make_profile
 
@@ -64,6 +65,17 @@ def test_bad_cpu_quantities(bad: object) -> None:
 def test_quantities_format_back() -> None:
     assert (format_memory(8192), format_memory(1536)) == ("8Gi", "1536Mi")
     assert (format_cpu(4.0), format_cpu(0.5)) == ("4", "500m")
+
+
+def test_replacing_a_field_keeps_memory_in_mib() -> None:
+    # A bare number in a spec is bytes; a stored MiB value must not be read as bytes again
+    # when dataclasses.replace re-validates the other fields.
+    request = NodeRequest(count=1, cpu=1.0, memory="8Gi")  # type: ignore[arg-type]
+    assert dataclasses.replace(request, count=4).memory == 8192
+    quota = Quota(cpu=8.0, memory="16Gi")  # type: ignore[arg-type]
+    assert dataclasses.replace(quota, cpu=16.0).memory == 16384
+    assert NodeRequest(count=1, cpu=1.0, memory=8 * 2**30).memory == 8192  # bytes, as before
+    assert to_dict(dataclasses.replace(request, count=4))["memory"] == "8Gi"
 
 
 def test_good_spec_parses_and_round_trips() -> None:
