@@ -10,6 +10,11 @@ Every PS and worker process talks to the master over the job's authenticated tra
 
 A worker's leased shards return to the queue when its connection drops (the ledger's
 ``requeue``), so a worker that dies loses no data and repeats none that was reported done.
+
+Leases are held by a worker *incarnation* (``worker-3#<token>``; each process draws its own
+token), not by its name: a relaunched ``worker-3`` may lease shards before the master has seen
+its predecessor's connection drop, and that drop must take back only the predecessor's leases.
+Progress is still counted per name.
 """
 
 from __future__ import annotations
@@ -27,6 +32,13 @@ REGISTER = "register"
 CONFIG = "config"
 GET_SHARD = "get_shard"
 REPORT = "report"
+
+
+def lease_holder(meta: dict[str, Any]) -> str:
+    """Who holds a lease: the worker's name and, when it sent one, its incarnation token."""
+    worker = str(meta["worker"])
+    incarnation = meta.get("incarnation")
+    return worker if incarnation is None else f"{worker}#{incarnation}"
 
 
 @dataclass
@@ -104,10 +116,11 @@ class MasterService:
 
     def _get_shard(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
         worker = str(meta["worker"])
-        peer.state["leases_for"] = worker
+        holder = lease_holder(meta)
+        peer.state["leases_for"] = holder
         with self.state.lock:
             self.state.workers.setdefault(worker, WorkerStats())
-            shard = self.state.ledger.lease(worker, self.clock())
+            shard = self.state.ledger.lease(holder, self.clock())
             finished = self.state.ledger.finished
         if shard is None:
             return Message("shard", {"shard": None, "finished": finished}, ())
@@ -123,7 +136,9 @@ class MasterService:
     def _report(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
         worker = str(meta["worker"])
         with self.state.lock:
-            accepted = self.state.ledger.complete(worker, int(meta["shard"]), int(meta["epoch"]))
+            accepted = self.state.ledger.complete(
+                lease_holder(meta), int(meta["shard"]), int(meta["epoch"])
+            )
             stats = self.state.workers.setdefault(worker, WorkerStats())
             # Samples trained count even when the shard is not accepted (its lease expired):
             # the work was done and the PS were updated; only the shard is handed out again.

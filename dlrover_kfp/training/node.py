@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import queue
+import secrets
 import socket
 import sys
 import threading
@@ -89,6 +90,7 @@ class _Work:
 
 def _prefetch(
     name: str,
+    incarnation: str,
     master: Connection,
     config: dict[str, Any],
     out: queue.Queue[_Work | BaseException | None],
@@ -98,7 +100,7 @@ def _prefetch(
         spec = job_spec(config)
         dataset = open_dataset(spec.data, spec.model, config["base_dir"])
         while True:
-            reply = master.request(GET_SHARD, {"worker": name})
+            reply = master.request(GET_SHARD, {"worker": name, "incarnation": incarnation})
             shard = reply.meta["shard"]
             if shard is None:
                 if reply.meta["finished"]:
@@ -114,6 +116,8 @@ def _prefetch(
 
 def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> None:
     name = f"worker-{index}"
+    # This process's own lease holder id (see runtime/master.py): a relaunch gets a new one.
+    incarnation = f"{os.getpid()}-{secrets.token_hex(4)}"
     master = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
     config = fetch_config(master, "worker", index)
     spec = job_spec(config)
@@ -126,7 +130,10 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
     lease_conn = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
     work: queue.Queue[_Work | BaseException | None] = queue.Queue(maxsize=1)
     threading.Thread(
-        target=_prefetch, args=(name, lease_conn, config, work), daemon=True, name="prefetch"
+        target=_prefetch,
+        args=(name, incarnation, lease_conn, config, work),
+        daemon=True,
+        name="prefetch",
     ).start()
     log.info("%s: training against %d PS", name, servers.num_ps)
     while True:
@@ -146,6 +153,7 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
             REPORT,
             {
                 "worker": name,
+                "incarnation": incarnation,
                 "shard": item.shard["id"],
                 "epoch": item.shard["epoch"],
                 "samples": len(batch),

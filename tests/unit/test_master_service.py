@@ -205,3 +205,21 @@ def test_over_the_wire_a_dropped_worker_gives_its_shards_back() -> None:
         assert list(service.state.ledger.todo) == [0, 1, 2]
     finally:
         server.close()
+
+
+def test_a_relaunched_worker_keeps_its_leases_when_its_predecessor_drops() -> None:
+    # worker-0 is relaunched: the new process leases a shard before the master sees the old
+    # connection drop. The drop must give back the old process's lease only.
+    service, _ = make_service()
+    old, new = PeerInfo(1, ("h", 1)), PeerInfo(2, ("h", 2))
+    old_shard = call(service, old, GET_SHARD, worker="worker-0", incarnation="a").meta["shard"]
+    new_shard = call(service, new, GET_SHARD, worker="worker-0", incarnation="b").meta["shard"]
+    service.on_disconnect(old)
+    ledger = service.state.ledger
+    assert ledger.todo[0] == old_shard["id"], "the old lease is back at the front"
+    assert new_shard["id"] in ledger.doing, "the new process's lease survives the old drop"
+    accepted = report(service, new, "worker-0", new_shard["id"], incarnation="b")
+    assert accepted
+    # The dead process's late report of its shard is not taken: the shard is queued again.
+    assert not report(service, old, "worker-0", old_shard["id"], incarnation="a")
+    assert service.state.workers["worker-0"].samples == 200, "progress counts per name"
