@@ -1308,7 +1308,7 @@ class Server:
         if was_ready and self._on_disconnect is not None:
             try:
                 self._on_disconnect(peer.info)
-            except Exception:
+            except Exception:  # the callback's bug must not stop the loop serving the others
                 log.exception("on_disconnect failed for peer %d", peer.info.id)
 
     def _shutdown(self) -> None:

@@ -216,18 +216,18 @@ def auto_scale(
         saving = 1 - target.cost / cur_cost
         why = f"gives back {saving:.0%} of the cost for {gain - 1:+.1%} throughput"
     else:
-        probe = _probe(cur, observations, s, ctx.node.cpu_step)
-        if probe is None and right_sized:
-            freed = current.total_memory_mb - _total_memory_mb(cur, memory)
-            probe = cur, f"right-sizes memory to measured use, freeing {freed / 1024:.1f}Gi"
-        if probe is None:
+        give_back = _probe(cur, observations, s, ctx.node.cpu_step)
+        if give_back is None and right_sized:
+            freed = current.total_memory_mb - memory.total_mb(cur.workers, cur.ps)
+            give_back = cur, f"right-sizes memory to measured use, freeing {freed / 1024:.1f}Gi"
+        if give_back is None:
             return AutoScaleDecision(
                 None,
                 f"stable: best target {describe(target.config)} promises {gain - 1:+.1%} "
                 f"throughput at {target.cost / cur_cost - 1:+.0%} cost",
                 model,
             )
-        step, why = probe
+        step, why = give_back
         kind = "give_back"
     workers, ps = _groups(step, memory, ctx, target.config, target.ps_memory_mb)
     stepped = Config(workers.count, ps.count, workers.cpu, ps.cpu)
@@ -295,13 +295,9 @@ def memory_needs(
         ps_state_mb=min(conserved.ps_state_mb, math.ceil(projected)),
         ps_min_mb=ctx.node.min_memory_mb,
     )
-    if _total_memory_mb(cur, sized) > (1 - s.min_memory_saving) * current.total_memory_mb:
+    if sized.total_mb(cur.workers, cur.ps) > (1 - s.min_memory_saving) * current.total_memory_mb:
         return conserved, False
     return sized, True
-
-
-def _total_memory_mb(c: Config, memory: MemoryNeeds) -> int:
-    return c.workers * memory.worker_mb + c.ps * memory.ps_mb(c.ps)
 
 
 def _groups(
@@ -310,7 +306,7 @@ def _groups(
     """Node groups for a stepped configuration; the target itself if the step breaks the quota
     (fewer PS than the target need more memory each)."""
     ps_mb = memory.ps_mb(step.ps)
-    mem = step.workers * memory.worker_mb + step.ps * ps_mb
+    mem = memory.total_mb(step.workers, step.ps)
     if step.total_cpu > ctx.quota_cpu + 1e-9 or mem > ctx.quota_memory_mb:
         step, ps_mb = target, target_ps_mb
     return (

@@ -47,6 +47,10 @@ class MemoryNeeds:
             self.ps_min_mb, self.ps_fixed_mb + math.ceil(self.ps_state_mb / max(1, ps_count))
         )
 
+    def total_mb(self, workers: int, ps: int) -> int:
+        """MiB of ``workers`` workers and ``ps`` PS together."""
+        return workers * self.worker_mb + ps * self.ps_mb(ps)
+
 
 @dataclass(frozen=True, slots=True)
 class CpuBounds:
