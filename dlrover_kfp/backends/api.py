@@ -197,6 +197,16 @@ class ClusterBackend(Protocol):
     included, until the same name is launched again (the new pod replaces the old record).
     """
 
+    @property
+    def cpu_enforced(self) -> bool:
+        """Whether a pod's ``cpu`` is a hard limit (a CFS quota) rather than only accounted."""
+        ...
+
+    @property
+    def enforcement(self) -> str:
+        """One line for logs and the job profile: how limits are enforced, or why they are not."""
+        ...
+
     def launch(self, pod: PodSpec) -> None:
         """Start a pod. :class:`PodExistsError` if a pod of that name is still running;
         :class:`BackendClosedError` after :meth:`close`. A command that cannot start is not an

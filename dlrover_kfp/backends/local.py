@@ -7,16 +7,20 @@ what a Kubernetes pod gives a container, as far as a plain process allows:
   deleting it signals the whole group, children included, and when the main process exits any
   child it left behind is killed, like the rest of a container. A child that starts its own
   session escapes this; the trainer does not do that.
-* **Memory limit = watchdog.** A thread samples every running pod's resident memory (children
-  included) every ``watchdog_interval_s`` and SIGKILLs the group once it exceeds ``memory_mb``,
-  reporting ``OOMKilled`` and exit code 137 as the kernel's cgroup OOM killer would. A pod can
-  overshoot between two samples; summed RSS counts pages shared between processes more than
-  once, so it is a little stricter than a cgroup's accounting.
-* **CPU limit = advice.** A local process's CPU cannot be capped portably. The requested cores
-  are given to the process in ``DLROVER_KFP_POD_CPU`` (and the memory limit in
-  ``DLROVER_KFP_POD_MEMORY_MB``) so the trainer sizes its thread pools to them, and
-  :meth:`LocalBackend.usage` reports them next to what was used, for the job profile. Pods can
-  still use more CPU than requested when the machine has it idle.
+* **CPU limit = cgroup quota.** Where the machine lets this process create cgroups (Linux, root
+  or a delegated group; :mod:`.cgroups`), each pod runs in its own group with a CFS quota of its
+  ``cpu`` cores and a kernel memory limit of its ``memory_mb``, and :meth:`LocalBackend.usage`
+  reads the group's own accounting. Where it cannot, the backend says so once, at start, in one
+  line, and only accounts: pods may then use more CPU than requested when the machine has it
+  idle, and :attr:`LocalBackend.cpu_enforced` is False so that the job profile can say so.
+  Either way the requested cores reach the process in ``DLROVER_KFP_POD_CPU`` (and the memory
+  limit in ``DLROVER_KFP_POD_MEMORY_MB``) so that the trainer sizes its thread pools to them.
+* **Memory limit = kernel, else watchdog.** With a memory cgroup the kernel enforces the limit,
+  and a SIGKILL that the group counted as an OOM kill reads ``OOMKilled`` (137). Without one, a
+  thread samples every running pod's resident memory (children included) every
+  ``watchdog_interval_s`` and SIGKILLs the group once it exceeds ``memory_mb``, reporting the
+  same. A pod can overshoot between two samples; summed RSS counts pages shared between
+  processes more than once, so it is a little stricter than a cgroup's accounting.
 
 Each pod's stdout and stderr are appended to ``<log_dir>/<name>.log``, between a header and a
 trailer line written by the backend (name, role, index, resources, outcome; never env values).
@@ -30,8 +34,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -40,10 +46,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Literal, Self
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
 
+from dlrover_kfp.backends import cgroups as cg
 from dlrover_kfp.backends.api import (
     BackendClosedError,
     PodExistsError,
@@ -77,6 +84,7 @@ class _Pod:
     handle: psutil.Process | None  # while running
     started_at: float | None
     cpu_mark: tuple[float, float] = (0.0, 0.0)  # (CPU seconds, monotonic time) at last usage()
+    group: cg.PodGroup | None = None  # the pod's cgroup(s), while not yet removed
     returncode: int | None = None
     finished_at: float | None = None
     deleted: bool = False
@@ -113,7 +121,7 @@ class _Pod:
         # Deletion wins over OOM: the job master had already given the pod up.
         if self.deleted:
             phase, reason = PodPhase.FAILED, PodReason.DELETED
-        elif self.oom_killed and self.returncode == -signal.SIGKILL:
+        elif self.oom_killed:
             phase, reason, code = PodPhase.FAILED, PodReason.OOM_KILLED, _SIGKILL_EXIT
         elif code == 0:
             phase, reason = PodPhase.SUCCEEDED, PodReason.COMPLETED
@@ -136,6 +144,10 @@ class LocalBackend:
 
     ``clock`` stamps ``started_at``/``finished_at`` (epoch seconds); CPU rates are measured on
     the monotonic clock regardless, so a fixed clock in tests does not break :meth:`usage`.
+
+    ``cgroups`` says how limits are enforced: ``"auto"`` (the default) looks for cgroups this
+    process may create (:func:`.cgroups.detect`) and falls back to accounting only, saying so
+    once; ``"off"`` only accounts; or a :class:`.cgroups.Cgroups` to use.
     """
 
     def __init__(
@@ -144,6 +156,7 @@ class LocalBackend:
         *,
         watchdog_interval_s: float = 0.2,
         clock: Clock | None = None,
+        cgroups: cg.Cgroups | Literal["auto", "off"] = "auto",
     ) -> None:
         if watchdog_interval_s <= 0:
             raise ValueError(f"watchdog_interval_s must be positive, got {watchdog_interval_s}")
@@ -151,9 +164,25 @@ class LocalBackend:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._interval = watchdog_interval_s
         self._clock: Clock = clock if clock is not None else SystemClock()
+        self._cgroups: cg.Cgroups | None
+        if cgroups == "off":
+            self._cgroups, self._enforcement = None, "off: accounting only (cgroups='off')"
+        elif cgroups == "auto":
+            found = cg.detect()
+            if isinstance(found, str):
+                self._cgroups, self._enforcement = None, f"not enforced: {found}"
+                logger.warning(
+                    "local backend: pods' CPU limits are NOT enforced (%s); CPU is only accounted",
+                    found,
+                )
+            else:
+                self._cgroups, self._enforcement = found, found.description
+        else:
+            self._cgroups, self._enforcement = cgroups, cgroups.description
         # Reentrant: _finish() is called both from the watchdog and from methods holding it.
         self._lock = threading.RLock()
         self._pods: dict[str, _Pod] = {}
+        self._stale_groups: list[cg.PodGroup] = []
         self._closed = False
         self._stop = threading.Event()
         self._watchdog = threading.Thread(
@@ -163,6 +192,16 @@ class LocalBackend:
         # Second line of defence after the context manager: an interpreter that exits without
         # close() (a forgotten ``with``, sys.exit in a callback) still stops its pods.
         atexit.register(self.close)
+
+    @property
+    def cpu_enforced(self) -> bool:
+        """Whether pods' CPU limits are enforced (a CFS quota per pod) or only accounted."""
+        return self._cgroups is not None
+
+    @property
+    def enforcement(self) -> str:
+        """One line for logs and profiles: how limits are enforced, or why they are not."""
+        return self._enforcement
 
     # -- context manager ---------------------------------------------------------------------
 
@@ -198,10 +237,13 @@ class LocalBackend:
                     ).encode()
                 )
                 log.flush()
+                group: cg.PodGroup | None = None
                 try:
+                    group = self._create_group(pod)
+                    command, extra_env = self._command(pod, group)
                     process = subprocess.Popen(
-                        pod.command,
-                        env=os.environ | dict(pod.env) | pod.resource_env(),
+                        command,
+                        env=os.environ | dict(pod.env) | pod.resource_env() | extra_env,
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -211,6 +253,8 @@ class LocalBackend:
                 except OSError as e:
                     # A cluster reports a command that cannot run as a failed pod, not as an
                     # API error; so does this backend, so the job master has one path for it.
+                    if group is not None:
+                        group.remove()
                     log.write(f"--- dlrover-kfp StartError: {e}\n".encode())
                     logger.warning("pod %s could not start: %s", pod.name, e)
                     self._register(
@@ -234,6 +278,7 @@ class LocalBackend:
                     handle=handle,
                     started_at=self._clock.now(),
                     cpu_mark=(0.0, time.monotonic()),
+                    group=group,
                 )
             )
             logger.info(
@@ -312,6 +357,9 @@ class LocalBackend:
             self._stop.set()
             if threading.current_thread() is not self._watchdog:
                 self._watchdog.join(timeout=5.0)
+            self._remove_groups(patience_s=2.0)
+            if self._cgroups is not None:
+                self._cgroups.close()
             atexit.unregister(self.close)
 
     # -- local extras ------------------------------------------------------------------------
@@ -329,6 +377,27 @@ class LocalBackend:
             return pod.process.pid
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _create_group(self, pod: PodSpec) -> cg.PodGroup | None:
+        """The pod's cgroup, or None when limits are only accounted. A group that cannot be
+        made fails the launch (as ``StartError``): a pod never runs unconstrained by accident."""
+        if self._cgroups is None:
+            return None
+        return self._cgroups.create(pod.name, pod.cpu, pod.memory_mb)
+
+    def _command(
+        self, pod: PodSpec, group: cg.PodGroup | None
+    ) -> tuple[tuple[str, ...], dict[str, str]]:
+        if group is None:
+            return pod.command, {}
+        # The wrapper shell would turn a missing executable into exit code 127; look it up
+        # first so that it stays a StartError, as without cgroups and on a cluster.
+        path = os.environ.get("PATH") if "PATH" not in pod.env else pod.env["PATH"]
+        if shutil.which(pod.command[0], path=path) is None:
+            raise FileNotFoundError(
+                errno.ENOENT, "no such executable (or not executable)", pod.command[0]
+            )
+        return cg.wrap_command(pod.command, group)
 
     def _register(self, pod: _Pod) -> None:
         """Record a launch, replacing a finished pod of the same name. Popping first moves the
@@ -361,6 +430,15 @@ class LocalBackend:
             assert pod.process is not None
             # The main process is gone; like a container's, the rest of its group goes too.
             _kill_group(pod.process.pid, signal.SIGKILL)
+            if pod.group is not None:
+                # Any OOM kill in the group ends the pod as OOMKilled, even when the kernel
+                # chose a child and the main process then exited on its own: a container on a
+                # current kubelet (cgroup v2 ``memory.oom.group``) is killed as a whole.
+                if _oom_kills(pod.group) > 0:
+                    pod.oom_killed = True
+                # Removed once the killed processes have left it (the watchdog retries).
+                self._stale_groups.append(pod.group)
+                pod.group = None
             status = pod.status()
             trailer = (
                 f"--- dlrover-kfp {status.phase} {pod.spec.name}: reason={status.reason}"
@@ -399,32 +477,64 @@ class LocalBackend:
                 returncode = pod.process.wait()
             self._finish(pod, returncode)
 
+    def _remove_groups(self, patience_s: float = 0.0) -> None:
+        """Remove finished pods' cgroups; a group whose processes are still exiting is kept
+        for the next try (or, at ``close``, waited for up to ``patience_s``)."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            with self._lock:
+                stale, self._stale_groups = self._stale_groups, []
+            left = [g for g in stale if not g.remove()]
+            if not left:
+                return
+            if time.monotonic() >= deadline:
+                with self._lock:
+                    self._stale_groups.extend(left)
+                if patience_s > 0:
+                    logger.warning(
+                        "local backend: %d pod cgroup(s) could not be removed", len(left)
+                    )
+                return
+            with self._lock:
+                self._stale_groups.extend(left)
+            time.sleep(0.02)
+
     def _watch(self) -> None:
         while not self._stop.wait(self._interval):
             try:
                 self._check_all()
+                self._remove_groups()
             except (OSError, psutil.Error):  # a pod vanished between two calls: next tick
                 logger.warning("local backend watchdog: sampling failed", exc_info=True)
 
     def _check_all(self) -> None:
         for pod in self._running_pods():
-            sample = _sample(pod)
-            if sample is None:
-                continue
-            rss = sample[1]
-            limit = pod.spec.memory_mb * _MIB
-            if rss <= limit:
-                continue
+            group = pod.group
+            if group is not None and group.limits_memory:
+                # The kernel enforces the limit, but kills only the largest process of the
+                # group; a pod, like a container on a current kubelet (cgroup v2
+                # ``memory.oom.group``), goes as a whole once any of its processes was.
+                if _oom_kills(group) == 0:
+                    continue
+                rss = None
+            else:
+                sample = _sample(pod)
+                if sample is None:
+                    continue
+                rss = sample[1]
+                if rss <= pod.spec.memory_mb * _MIB:
+                    continue
             with self._lock:
                 if not pod.running or pod.oom_killed:
                     continue
                 pod.oom_killed = True
                 assert pod.process is not None
                 _kill_group(pod.process.pid, signal.SIGKILL)
+            used = "a process" if rss is None else f"{rss / _MIB:.0f} MiB"
             logger.warning(
-                "pod %s used %.0f MiB > limit %d MiB: OOMKilled",
+                "pod %s: %s over its memory limit of %d MiB: OOMKilled",
                 pod.spec.name,
-                rss / _MIB,
+                used,
                 pod.spec.memory_mb,
             )
             # Reap now so the status reads OOMKilled without waiting for the next tick.
@@ -442,13 +552,34 @@ def _kill_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def _oom_kills(group: cg.PodGroup) -> int:
+    try:
+        return group.oom_kills()
+    except (OSError, ValueError):  # the group is unreadable: no evidence of an OOM kill
+        return 0
+
+
 def _sample(pod: _Pod) -> tuple[float, int] | None:
-    """(CPU seconds, RSS bytes) of the pod's main process and its descendants, or None if the
-    main process is gone. Descendants' CPU counts only while they live (plus what the process
-    collected from the children it waited for)."""
+    """(CPU seconds, resident bytes) of the pod, or None if its main process is gone.
+
+    From the pod's cgroup when it has one (every thread and process that ever ran in it);
+    otherwise from the main process and its live descendants, whose CPU counts only while they
+    live (plus what the process collected from the children it waited for)."""
     main = pod.handle
     if main is None:
         return None
+    group = pod.group
+    if group is not None:
+        try:
+            used = group.usage()
+        except (OSError, ValueError):  # no cpuacct hierarchy, or the group just went away
+            pass
+        else:
+            if used.memory_bytes is not None:
+                return used.cpu_seconds, used.memory_bytes
+            with contextlib.suppress(psutil.Error):
+                return used.cpu_seconds, int(main.memory_info().rss)
+            return None
     try:
         t = main.cpu_times()
         cpu = float(t.user + t.system + t.children_user + t.children_system)

@@ -136,6 +136,16 @@ class Metrics:
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class LimitEnforcement:
+    """Whether the pods' requests were hard limits during the run. With ``cpu`` False a pod
+    could use more CPU than it asked for, so its samples say little about what its request
+    buys: the resource-performance model must not be fitted on them as if it had."""
+
+    cpu: bool
+    detail: Str = Field(default="", description="how limits were enforced, or why they were not")
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
 class JobProfile:
     """Everything the history keeps about one run."""
 
@@ -148,6 +158,9 @@ class JobProfile:
     samples: tuple[RuntimeSample, ...] = ()
     events: tuple[JobEvent, ...] = ()
     metrics: Metrics = Metrics()
+    limits: LimitEnforcement | None = Field(
+        default=None, description="how the backend enforced the pods' limits (None: unknown)"
+    )
 
 
 def profile_job(spec: JobSpec, rows: int | None = None) -> ProfileJob:

@@ -29,6 +29,7 @@ from dlrover_kfp.core.profile import (
     AppliedPlan,
     JobEvent,
     JobProfile,
+    LimitEnforcement,
     Metrics,
     NodeSample,
     Outcome,
@@ -266,6 +267,7 @@ class StaticRun:
         coordinator: CheckpointCoordinator | None = None
         try:
             address = server.address
+            self.progress(f"{self.run_id}: pod limits: {self.backend.enforcement}")
             for k in range(self.ps.count):
                 self.backend.launch(self._pod("ps", k, self.ps, address))
             self.progress(
@@ -428,4 +430,5 @@ class StaticRun:
                 reason=reason,
             ),
             metrics=metrics,
+            limits=LimitEnforcement(cpu=self.backend.cpu_enforced, detail=self.backend.enforcement),
         )

@@ -476,6 +476,18 @@ class TestLocalBackend(ClusterBackendContract):
         assert exit_code_of(0) == 0
 
 
+class TestLocalBackendAccountingOnly(TestLocalBackend):
+    """The same behaviour where no cgroup can be made: the watchdog enforces memory and the
+    processes' own CPU times are the accounting."""
+
+    @pytest.fixture
+    def backend(self, tmp_path: Path) -> Iterator[LocalBackend]:
+        with LocalBackend(tmp_path / "logs", cgroups="off") as backend:
+            assert not backend.cpu_enforced
+            yield backend
+            backend.close(grace_s=0.5)
+
+
 class TestPodSpec:
     def make(self, **changes: object) -> PodSpec:
         fields: dict[str, object] = {
