@@ -67,8 +67,9 @@ class RunSettings:
     checkpoint_interval_s: float = 60.0
     #: committed checkpoints kept on disk
     keep_checkpoints: int = 3
-    #: torch intra-op threads per process: 1, because pods on one machine share its cores
-    torch_threads: int = 1
+    #: torch intra-op threads per process; None sizes them from each pod's CPU
+    #: (:func:`dlrover_kfp.training.node.torch_threads`)
+    torch_threads: int | None = None
     #: seed of the model's initial values
     seed: int = 0
     #: seconds allowed for the PS to start and register
@@ -174,8 +175,15 @@ class StaticRun:
             ),
             env={
                 SECRET_ENV_VAR: secret_to_env(self.secret),
-                THREADS_ENV: str(self.settings.torch_threads),
-            },
+                # Under a CFS quota an idle OpenMP thread must sleep, not spin: spinning burns
+                # the pod's quota and throttles the threads that have work.
+                "OMP_WAIT_POLICY": "PASSIVE",
+            }
+            | (
+                {THREADS_ENV: str(self.settings.torch_threads)}
+                if self.settings.torch_threads is not None
+                else {}
+            ),
             cpu=group.cpu,
             memory_mb=group.memory_mb,
             labels={"job": self.spec.name, "role": role, "index": str(index)},

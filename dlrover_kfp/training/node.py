@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import queue
 import secrets
@@ -20,12 +21,14 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from dlrover_kfp.backends.api import POD_CPU_ENV
 from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import DlroverKfpError
@@ -40,7 +43,7 @@ log = logging.getLogger("dlrover_kfp.node")
 
 #: How long a starting process keeps trying to reach the master or a PS (they start in any order).
 CONNECT_RETRY_S = 120.0
-#: Environment variable with the torch intra-op thread count (the backend sets it per pod).
+#: Environment variable that overrides the torch intra-op thread count (see torch_threads).
 THREADS_ENV = "DLROVER_KFP_TORCH_THREADS"
 
 
@@ -51,9 +54,29 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _set_threads() -> None:
-    threads = int(os.environ.get(THREADS_ENV, "1"))
-    torch.set_num_threads(max(1, threads))
+def torch_threads(role: str, env: Mapping[str, str]) -> int:
+    """torch intra-op threads for a process of ``role`` in a pod with ``env``.
+
+    A worker uses the cores it is given: ``ceil(cpu)`` threads, so that a 1.5-core pod runs
+    2 threads that its CFS quota holds to 1.5 cores on average, and a fractional pod (0.25,
+    0.5) runs one thread throttled by the quota. A PS runs one: its parallelism is one thread
+    per worker connection (:mod:`.ps_server`), and a second level of threads inside each small
+    kernel would only fight those for the same cores. ``DLROVER_KFP_TORCH_THREADS`` overrides
+    both (benchmarks compare thread counts with it).
+    """
+    if env.get(THREADS_ENV):
+        return max(1, int(env[THREADS_ENV]))
+    if role == "ps":
+        return 1
+    try:
+        cpu = float(env.get(POD_CPU_ENV, "1"))
+    except ValueError:
+        cpu = 1.0
+    return max(1, math.ceil(cpu - 1e-9))
+
+
+def _set_threads(role: str) -> None:
+    torch.set_num_threads(torch_threads(role, os.environ))
     torch.set_num_interop_threads(1)
 
 
@@ -114,6 +137,47 @@ def _prefetch(
         out.put(exc)
 
 
+@dataclass(slots=True)
+class _ShardProgress:
+    """A leased shard while its batches train: reported once its last push was applied."""
+
+    work: _Work
+    batches: int
+    trained: int = 0
+    loss_sum: float = 0.0
+    pushes: int = 0  # RemotePs.pushes_sent after its last batch
+
+
+def _batches(
+    work: queue.Queue[_Work | BaseException | None],
+    batch_size: int,
+    on_idle: Callable[[], None],
+) -> Iterator[tuple[Batch, tuple[_ShardProgress, int]] | None]:
+    """Every mini-batch of every leased shard, in order, tagged with its shard and size.
+
+    Between two shards, when the next one has not arrived yet, yields ``None`` (the pipeline
+    then completes the step in flight) and calls ``on_idle`` (the worker waits for its pushes
+    and reports its shards) before it blocks: the master may be holding the next shard back
+    until this worker's last one is reported (the end of an epoch)."""
+    while True:
+        try:
+            item = work.get_nowait()
+        except queue.Empty:
+            yield None
+            on_idle()
+            item = work.get()
+        if item is None:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        batch = item.batch
+        starts = range(0, len(batch), batch_size)
+        progress = _ShardProgress(item, len(starts))
+        for start in starts:
+            part = batch.slice(start, min(start + batch_size, len(batch)))
+            yield part, (progress, len(part))
+
+
 def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> None:
     name = f"worker-{index}"
     # This process's own lease holder id (see runtime/master.py): a relaunch gets a new one.
@@ -121,11 +185,11 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
     master = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
     config = fetch_config(master, "worker", index)
     spec = job_spec(config)
-    batch_size = spec.training.batch_size
     connections = [
         connect((str(h), int(p)), secret, retry_for=CONNECT_RETRY_S) for h, p in config["ps"]
     ]
-    servers = RemotePs(connections, synchronous=bool(config["synchronous"]))
+    synchronous = bool(config["synchronous"])
+    servers = RemotePs(connections, synchronous=synchronous)
     model = WorkerModel(spec.model, servers, seed=int(config["seed"]))
     lease_conn = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
     work: queue.Queue[_Work | BaseException | None] = queue.Queue(maxsize=1)
@@ -135,33 +199,53 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
         daemon=True,
         name="prefetch",
     ).start()
-    log.info("%s: training against %d PS", name, servers.num_ps)
-    while True:
-        item = work.get()
-        if item is None:
-            break
-        if isinstance(item, BaseException):
-            raise item
-        loss_sum, steps = 0.0, 0
-        batch = item.batch
-        for start in range(0, len(batch), batch_size):
-            part = batch.slice(start, min(start + batch_size, len(batch)))
-            loss_sum += model.train_step(part) * len(part)
-            steps += 1
-        servers.flush()  # the shard's updates are applied before it is reported done
+    log.info(
+        "%s: training against %d PS (%s, %d torch threads)",
+        name,
+        servers.num_ps,
+        "synchronous" if synchronous else "pipelined",
+        torch.get_num_threads(),
+    )
+
+    def report(shard: _ShardProgress) -> None:
         master.request(
             REPORT,
             {
                 "worker": name,
                 "incarnation": incarnation,
-                "shard": item.shard["id"],
-                "epoch": item.shard["epoch"],
-                "samples": len(batch),
-                "steps": steps,
-                "loss_sum": loss_sum,
-                "bad_rows": batch.bad_rows,
+                "shard": shard.work.shard["id"],
+                "epoch": shard.work.shard["epoch"],
+                "samples": len(shard.work.batch),
+                "steps": shard.batches,
+                "loss_sum": shard.loss_sum,
+                "bad_rows": shard.work.batch.bad_rows,
             },
         )
+
+    unreported: deque[_ShardProgress] = deque()
+
+    def report_all() -> None:
+        servers.flush()
+        while unreported:
+            report(unreported.popleft())
+
+    batches = _batches(work, spec.training.batch_size, on_idle=report_all)
+    # Synchronous: each lookup after the previous push was applied (bit-exact order).
+    steps: Iterator[tuple[tuple[_ShardProgress, int], float]] = (
+        ((item[1], model.train_step(item[0])) for item in batches if item is not None)
+        if synchronous
+        else model.train_pipelined(batches)
+    )
+    for (shard, size), loss in steps:
+        shard.loss_sum += loss * size
+        shard.trained += 1
+        if shard.trained == shard.batches:
+            shard.pushes = servers.pushes_sent
+            unreported.append(shard)
+        # A shard is reported done only once all its updates are applied on every PS.
+        while unreported and servers.applied(unreported[0].pushes):
+            report(unreported.popleft())
+    report_all()
     servers.close()
     master.close()
     lease_conn.close()
@@ -201,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format=f"%(asctime)s %(levelname)s {args.role}-{args.index}: %(message)s",
         stream=sys.stderr,
     )
-    _set_threads()
+    _set_threads(args.role)
     try:
         secret = secret_from_env()
         if args.role == "ps":

@@ -1,25 +1,61 @@
 """A worker's connections to the parameter servers: one request per PS per step, each way.
 
-In *asynchronous* mode (the default, as in DLRover's PS jobs) a push is sent without waiting for
-its acknowledgement: the worker goes on to cut the next batch while the PS applies the update,
-and collects the acknowledgement before it reads the next lookup's reply. A connection delivers
-in order, so a worker always reads rows that include its own previous update; other workers'
-updates land whenever their pushes do. In *synchronous* mode every push waits for its
-acknowledgement (used by the step-by-step correctness test).
+Nothing waits for a push: it is sent, and its acknowledgement is read later, in order, while
+the worker waits for the rows of a later lookup. A connection delivers in order, so every reply
+is expected: per connection, a queue of the reply kinds still to come (``rows`` for a lookup,
+``ok`` for a push) says what the next one must be.
+
+A lookup sent with :meth:`RemotePs.request` sees every push sent before it on that connection,
+and none sent after it. The pipelined worker (:meth:`.step.WorkerModel.train_pipelined`) sends
+step ``n+1``'s lookup before step ``n``'s push: a staleness of one step, documented there. In
+*synchronous* mode every push waits for its acknowledgement (used by the step-by-step
+correctness test).
+
+:attr:`RemotePs.pushes_sent` and :meth:`RemotePs.applied` let the worker report a data shard
+done only once every push of it has been applied, without waiting for that.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from dlrover_kfp.training.step import PendingRows, Rows
 from dlrover_kfp.training.wire import Connection, Message, RemoteError
 
 LOOKUP = "lookup"
 PUSH = "push"
+ROWS = "rows"
 ACK = "ok"
+
+
+class _Pending:
+    """The lookup just sent; at most one is outstanding at a time."""
+
+    def __init__(self, servers: RemotePs, with_dense: bool) -> None:
+        self.servers = servers
+        self.with_dense = with_dense
+        self.done = False
+
+    def wait(self) -> Rows:
+        if self.done:
+            raise RuntimeError("the rows of a lookup can be waited for once")
+        self.done = True
+        servers = self.servers
+        servers.outstanding = None
+        rows: list[torch.Tensor] = []
+        dense: torch.Tensor | None = None
+        for k in range(servers.num_ps):
+            # The arrays are views into the connection's receive buffer, valid until its next
+            # recv: that is when the next lookup is waited for, after this step's push.
+            reply = servers.receive(k, until=ROWS)
+            rows.append(torch.from_numpy(reply.arrays[0]))
+            if k == 0 and self.with_dense:
+                dense = torch.from_numpy(reply.arrays[1])
+        return rows, dense
 
 
 class RemotePs:
@@ -30,34 +66,39 @@ class RemotePs:
             raise ValueError("a job needs at least one PS")
         self.connections = list(connections)
         self.synchronous = synchronous
-        self._unacked = [0] * len(self.connections)
+        self._expected: list[deque[str]] = [deque() for _ in self.connections]
+        self._acked = [0] * len(self.connections)
+        self.pushes_sent = 0
+        self.outstanding: _Pending | None = None
 
     @property
     def num_ps(self) -> int:
         return len(self.connections)
 
-    def _drain(self, k: int) -> None:
-        while self._unacked[k]:
-            reply = self.connections[k].recv()
-            self._unacked[k] -= 1
-            _expect(reply, ACK, k)
+    def receive(self, k: int, *, until: str) -> Message:
+        """Read PS ``k``'s replies in order up to and including the next ``until`` one."""
+        expected = self._expected[k]
+        while True:
+            if not expected:
+                raise RuntimeError(f"PS {k}: waiting for a {until!r} reply that was not asked for")
+            kind = expected.popleft()
+            reply = _expect(self.connections[k].recv(), kind, k)
+            if kind == ACK:
+                self._acked[k] += 1
+            if kind == until:
+                return reply
 
-    def lookup(
-        self, slots: Sequence[torch.Tensor], with_dense: bool
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    def request(self, slots: Sequence[torch.Tensor], with_dense: bool) -> PendingRows:
+        if self.outstanding is not None:
+            raise RuntimeError("a lookup is already outstanding; wait for its rows first")
         for k, conn in enumerate(self.connections):
             conn.send(LOOKUP, {"dense": with_dense and k == 0}, (slots[k].numpy(),))
-        rows: list[torch.Tensor] = []
-        dense: torch.Tensor | None = None
-        for k, conn in enumerate(self.connections):
-            self._drain(k)
-            # The arrays are views into the connection's receive buffer, valid until its next
-            # recv: that is after this step's backward pass, when they are no longer needed.
-            reply = _expect(conn.recv(), "rows", k)
-            rows.append(torch.from_numpy(reply.arrays[0]))
-            if k == 0 and with_dense:
-                dense = torch.from_numpy(reply.arrays[1])
-        return rows, dense
+            self._expected[k].append(ROWS)
+        self.outstanding = _Pending(self, with_dense)
+        return self.outstanding
+
+    def lookup(self, slots: Sequence[torch.Tensor], with_dense: bool) -> Rows:
+        return self.request(slots, with_dense).wait()
 
     def push(
         self,
@@ -70,14 +111,22 @@ class RemotePs:
             if k == 0 and dense_grad is not None:
                 arrays += (dense_grad.numpy(),)
             conn.send(PUSH, None, arrays)
-            self._unacked[k] += 1
-            if self.synchronous:
-                self._drain(k)
+            self._expected[k].append(ACK)
+        self.pushes_sent += 1
+        if self.synchronous:
+            self.flush()
+
+    def applied(self, pushes: int) -> bool:
+        """Whether the first ``pushes`` pushes are known to be applied on every PS."""
+        return min(self._acked) >= pushes
 
     def flush(self) -> None:
-        """Wait until every push sent so far is applied."""
-        for k in range(len(self.connections)):
-            self._drain(k)
+        """Wait until every push sent so far is applied (no lookup may be outstanding)."""
+        if self.outstanding is not None:
+            raise RuntimeError("flush with a lookup outstanding would drop its rows")
+        for k in range(self.num_ps):
+            while self._expected[k]:
+                self.receive(k, until=ACK)
 
     def close(self) -> None:
         for conn in self.connections:

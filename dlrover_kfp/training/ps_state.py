@@ -21,17 +21,40 @@ CPU path and the update is several times slower; the step is folded into the val
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from dlrover_kfp.backends.api import POD_CPU_ENV
 from dlrover_kfp.core.partition import Partition
 from dlrover_kfp.core.spec import ModelSpec
-from dlrover_kfp.training.model import DenseDLRM, FlatParameters, init_embedding_rows
+from dlrover_kfp.training import memory
+from dlrover_kfp.training.model import DenseDLRM, FlatParameters, init_embedding_slots
 
 ADAGRAD_EPS = 1e-10
+#: Most threads a PS uses to build its state, whatever CPU its pod has.
+MAX_STARTUP_THREADS = 4
+
+
+def startup_threads(env: Mapping[str, str]) -> int:
+    """Threads for building a PS's state: the pod's CPU (``DLROVER_KFP_POD_CPU``, rounded up,
+    at most :data:`MAX_STARTUP_THREADS`); 1 when unset or not a positive number.
+
+    A PS serves nothing until its state is built, so at start it may use its whole CPU share;
+    more threads than that would only be throttled by the pod's CPU quota.
+    """
+    try:
+        cpu = float(env.get(POD_CPU_ENV, "1"))
+    except ValueError:
+        return 1
+    if not math.isfinite(cpu) or cpu <= 0:
+        return 1
+    return max(1, min(MAX_STARTUP_THREADS, math.ceil(cpu)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +73,8 @@ class PsConfig:
 
 
 class PsState:
-    """One PS's tensors. Not thread-safe: a PS serves its requests one at a time."""
+    """One PS's tensors. Not locked: a PS's connection threads call it concurrently, Hogwild
+    style (see :mod:`dlrover_kfp.training.ps_server`)."""
 
     def __init__(
         self,
@@ -64,11 +88,30 @@ class PsState:
         self.config = config
         self.lr = config.learning_rate
         dim = config.model.embedding_dim
+        rows = config.partition.rows_on(config.ps_index)
+        threads = startup_threads(os.environ)
         if weights is None:
-            gids = config.partition.gids_of(config.ps_index)
-            weights = torch.from_numpy(init_embedding_rows(gids, config.model, config.seed))
+            # Computed straight into memory that each piece maps in just before it is written
+            # (see init_embedding_slots): one pass over the pages, faulted in cheaply.
+            weights = torch.from_numpy(
+                init_embedding_slots(
+                    config.model,
+                    config.seed,
+                    num_ps=config.num_ps,
+                    ps_index=config.ps_index,
+                    out=memory.anonymous((rows, dim), np.float32),
+                    threads=threads,
+                    populate=True,
+                )
+            )
         self.weights = weights
-        self.accum = accum if accum is not None else torch.zeros_like(weights)
+        if accum is None:
+            # Zeros, mapped in now rather than by the first pushes: a page faulted in during
+            # training costs a push several microseconds per new page for a long while.
+            accum = torch.from_numpy(
+                memory.touched_empty(tuple(weights.shape), np.float32, threads=threads)
+            )
+        self.accum = accum
         expected = (config.partition.rows_on(config.ps_index), dim)
         if tuple(self.weights.shape) != expected or self.accum.shape != self.weights.shape:
             raise ValueError(
@@ -94,9 +137,10 @@ class PsState:
 
     def apply_sparse(self, slots: torch.Tensor, grads: torch.Tensor) -> None:
         """Adagrad on the rows at unique ``slots`` with summed gradients ``grads`` ``[k, d]``."""
+        # a <- a + g², added in place (not read, updated and written back) so that two pushes
+        # that meet on a row race only element by element (see ps_server's Hogwild note).
+        self.accum.index_add_(0, slots, grads * grads)
         acc = self.accum.index_select(0, slots)
-        acc.addcmul_(grads, grads)
-        self.accum.index_copy_(0, slots, acc)
         step = acc.sqrt_().add_(ADAGRAD_EPS)  # sqrt(a) + eps, in place of acc
         step = torch.div(grads, step, out=step).mul_(-self.lr)
         self.weights.index_add_(0, slots, step)

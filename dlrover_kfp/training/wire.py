@@ -1000,6 +1000,15 @@ class Server:
     ``peer.state`` as the handler left it; the master requeues a dead worker's shards there.
     The listening socket is bound in the constructor, so :attr:`address` is known (and clients
     may already connect) before :meth:`serve_forever` runs.
+
+    ``threaded=True`` serves every authenticated connection on a thread of its own instead
+    (accept and handshakes stay in the loop): a parameter server's handlers spend their time in
+    numpy/torch kernels that release the GIL, so requests from several workers then run in
+    parallel on as many cores as the process may use. Each connection's messages are still
+    handled in arrival order, one at a time, but handlers of different connections run
+    concurrently and must be thread-safe; ``on_disconnect`` then runs in the connection's own
+    thread. A threaded connection blocks in ``send`` while its client is slow to read, which
+    bounds its memory to one reply just as the loop does.
     """
 
     def __init__(
@@ -1014,8 +1023,12 @@ class Server:
         max_pending_handshakes: int = 128,
         copy_arrays: bool = False,
         backlog: int = 128,
+        threaded: bool = False,
     ) -> None:
         self._key = _Key(secret)
+        self._threaded = threaded
+        self._peer_threads: dict[int, threading.Thread] = {}
+        self._drop_lock = threading.Lock()
         self._limit = _check_limit(max_message_bytes)
         self._handler = handler
         self._on_disconnect = on_disconnect
@@ -1101,6 +1114,9 @@ class Server:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+        for peer_thread in list(self._peer_threads.values()):
+            if peer_thread is not threading.current_thread():
+                peer_thread.join(timeout=5.0)
         with self._lock:
             never_served = not self._started
             self._started = True
@@ -1168,7 +1184,10 @@ class Server:
         elif self._flush(peer):
             self._set_events(peer, selectors.EVENT_READ)
             if peer.phase is _Phase.READY:
-                self._dispatch(peer)  # frames that arrived while we were writing
+                if self._threaded:
+                    self._hand_off(peer)  # the handshake's acknowledgement went out
+                else:
+                    self._dispatch(peer)  # frames that arrived while we were writing
 
     def _read_handshake(self, peer: _Peer) -> None:
         need = _HELLO_BYTES if peer.phase is _Phase.HELLO else _PROOF_BYTES
@@ -1208,6 +1227,48 @@ class Server:
             peer.reader = _FrameReader(self._limit)
             del self._handshaking[peer.info.id]
             self._queue(peer, [_ACK])
+            if self._threaded and not peer.out and peer.phase is _Phase.READY:
+                self._hand_off(peer)
+
+    def _hand_off(self, peer: _Peer) -> None:
+        """Give an authenticated connection its own thread (``threaded=True``). The loop has
+        read only handshake bytes from it, so the thread starts at a frame boundary."""
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(peer.sock)
+        peer.sock.setblocking(True)
+        thread = threading.Thread(
+            target=self._serve_peer, args=(peer,), name=f"wire-peer-{peer.info.id}", daemon=True
+        )
+        self._peer_threads[peer.info.id] = thread
+        thread.start()
+
+    def _serve_peer(self, peer: _Peer) -> None:
+        """One connection's blocking loop: read a frame, call the handler, send the reply."""
+        reader = peer.reader
+        assert reader is not None
+        where = _format_address(peer.info.address)
+        try:
+            while not self._stop.is_set():
+                message = reader.next_message(self._copy)
+                if message is None:
+                    count = peer.sock.recv_into(reader.free())
+                    if count == 0:
+                        return
+                    reader.advance(count)
+                    continue
+                reply = self._call_handler(peer.info, message)
+                if reply is not None:
+                    _send_all(peer.sock, reply, sum(memoryview(b).nbytes for b in reply))
+        except ProtocolError as exc:
+            log.warning("closing %s: protocol error: %s", where, exc)
+        except OSError as exc:
+            if not self._stop.is_set():
+                log.info("connection from %s broke: %s", where, exc)
+        except Exception:  # a parser bug must cost one peer, not every peer
+            log.exception("closing %s: unexpected error", where)
+        finally:
+            self._peer_threads.pop(peer.info.id, None)
+            self._drop(peer)
 
     def _read_frames(self, peer: _Peer) -> None:
         reader = peer.reader
@@ -1293,10 +1354,11 @@ class Server:
             peer.events = events
 
     def _drop(self, peer: _Peer, *, failed_handshake: bool = False) -> None:
-        if peer.phase is _Phase.CLOSED:
-            return
-        was_ready = peer.phase is _Phase.READY
-        peer.phase = _Phase.CLOSED
+        with self._drop_lock:  # a threaded peer's thread and the loop's shutdown may race
+            if peer.phase is _Phase.CLOSED:
+                return
+            was_ready = peer.phase is _Phase.READY
+            peer.phase = _Phase.CLOSED
         peer.out.clear()
         self._peers.pop(peer.info.id, None)
         self._handshaking.pop(peer.info.id, None)
@@ -1313,7 +1375,14 @@ class Server:
 
     def _shutdown(self) -> None:
         for peer in list(self._peers.values()):
-            self._drop(peer)
+            if peer.info.id in self._peer_threads:
+                # Its own thread closes it: wake a blocked recv instead of closing the file
+                # descriptor under it (the number could be reused by another socket at once).
+                # Only the reading side: a reply being sent (to "shutdown", say) still leaves.
+                with contextlib.suppress(OSError):
+                    peer.sock.shutdown(socket.SHUT_RD)
+            else:
+                self._drop(peer)
         with contextlib.suppress(OSError):
             self._selector.close()
         for sock in (self._listener, self._wake_r, self._wake_w):

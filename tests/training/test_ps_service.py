@@ -69,7 +69,7 @@ class Cluster:
 
 def start_ps(k: int) -> RunningPs:
     service = PsService(PsState(PsConfig(SPEC, NUM_PS, k, LR, seed=SEED)), checkpointer=None)
-    server = Server(("127.0.0.1", 0), SECRET, service.handle)
+    server = Server(("127.0.0.1", 0), SECRET, service.handle, threaded=True)  # as ps_server
     service.server = server
     return RunningPs(service, server, server.serve_in_thread(name=f"ps-{k}"))
 
@@ -178,9 +178,10 @@ def test_asynchronous_pushes_are_all_applied_after_flush(cluster: Cluster) -> No
         slots, grads, dense_grad = random_push(rng, expected, dense=True)
         ps.push(slots, grads, dense_grad)
         apply_directly(expected, slots, grads, dense_grad)
-    assert ps._unacked == [n] * NUM_PS  # nothing waited for yet
+    assert ps.pushes_sent == n
+    assert not ps.applied(1)  # nothing waited for yet
     ps.flush()
-    assert ps._unacked == [0] * NUM_PS
+    assert ps.applied(n)
     assert_same_state(cluster.states, expected)
     assert [p.service.pushes for p in cluster.ps] == [n] * NUM_PS
 

@@ -65,6 +65,10 @@ def echo(peer: PeerInfo, msg: Message) -> Message | None:
     return Message(msg.kind, msg.meta, msg.arrays)
 
 
+# The server's two ways of serving: one loop thread, or a thread per connection (the PS's).
+THREADED = pytest.mark.parametrize("threaded", [False, True], ids=["loop", "threaded"])
+
+
 @contextmanager
 def serving(
     handler: Callable[[PeerInfo, Message], Message | None] = echo, **kwargs: Any
@@ -493,10 +497,11 @@ def test_a_client_rejects_malformed_frames(patch: Callable[[bytearray], None], m
 
 
 @pytest.mark.parametrize("patch_at", [0, 25, 27])
-def test_a_malformed_frame_closes_only_that_peer(patch_at: int) -> None:
+@THREADED
+def test_a_malformed_frame_closes_only_that_peer(patch_at: int, threaded: bool) -> None:
     frame = one_array_frame()
     frame[patch_at] ^= 0x5A
-    with serving() as server, connect(server.address, SECRET) as good:
+    with serving(threaded=threaded) as server, connect(server.address, SECRET) as good:
         good.request("echo")
         with raw_authenticated(server.address) as bad:
             bad.sendall(bytes(frame))
@@ -517,8 +522,11 @@ def test_a_frame_over_the_servers_limit_closes_the_connection() -> None:
 # ----------------------------------------------------------------------- server behaviour
 
 
-def test_a_handler_exception_becomes_a_remote_error_and_the_server_keeps_serving() -> None:
-    with serving() as server, connect(server.address, SECRET) as conn:
+@THREADED
+def test_a_handler_exception_becomes_a_remote_error_and_the_server_keeps_serving(
+    threaded: bool,
+) -> None:
+    with serving(threaded=threaded) as server, connect(server.address, SECRET) as conn:
         with pytest.raises(RemoteError) as info:
             conn.request("fail")
         assert str(info.value) == "ValueError: boom second line"
@@ -539,7 +547,8 @@ def test_no_reply_and_a_recv_timeout_leave_the_connection_usable() -> None:
         assert conn.request("echo", {"x": 1}).meta == {"x": 1}
 
 
-def test_on_disconnect_sees_the_peer_state_when_a_client_dies() -> None:
+@THREADED
+def test_on_disconnect_sees_the_peer_state_when_a_client_dies(threaded: bool) -> None:
     gone: list[dict[str, Any]] = []
     event = threading.Event()
 
@@ -551,7 +560,7 @@ def test_on_disconnect_sees_the_peer_state_when_a_client_dies() -> None:
         gone.append(dict(peer.state, id=peer.id))
         event.set()
 
-    with serving(handler, on_disconnect=on_disconnect) as server:
+    with serving(handler, on_disconnect=on_disconnect, threaded=threaded) as server:
         with raw_authenticated(server.address) as sock:
             sock.sendall(encode_frame("hello", {"worker": 7}))
             recv_exact(sock, HEADER.size + 8)
@@ -568,9 +577,12 @@ def test_on_disconnect_sees_the_peer_state_when_a_client_dies() -> None:
     assert len(gone) == 2
 
 
-def test_on_disconnect_is_called_for_open_peers_at_shutdown() -> None:
+@THREADED
+def test_on_disconnect_is_called_for_open_peers_at_shutdown(threaded: bool) -> None:
     gone: list[int] = []
-    server = Server(LOCAL, SECRET, echo, on_disconnect=lambda p: gone.append(p.id))
+    server = Server(
+        LOCAL, SECRET, echo, on_disconnect=lambda p: gone.append(p.id), threaded=threaded
+    )
     server.serve_in_thread()
     with connect(server.address, SECRET) as conn:
         conn.request("echo")
@@ -581,14 +593,15 @@ def test_on_disconnect_is_called_for_open_peers_at_shutdown() -> None:
     assert "stopped" in repr(server)
 
 
-def test_stop_from_a_handler() -> None:
+@THREADED
+def test_stop_from_a_handler(threaded: bool) -> None:
     server: Server
 
     def handler(peer: PeerInfo, msg: Message) -> Message:
         server.stop()
         return Message("bye")
 
-    server = Server(LOCAL, SECRET, handler)
+    server = Server(LOCAL, SECRET, handler, threaded=threaded)
     thread = server.serve_in_thread()
     with connect(server.address, SECRET) as conn:
         assert conn.request("stop").kind == "bye"
@@ -596,14 +609,15 @@ def test_stop_from_a_handler() -> None:
     assert not thread.is_alive()
 
 
-def test_pipelined_messages_are_handled_and_answered_in_order() -> None:
+@THREADED
+def test_pipelined_messages_are_handled_and_answered_in_order(threaded: bool) -> None:
     seen: list[int] = []
 
     def handler(peer: PeerInfo, msg: Message) -> Message:
         seen.append(msg.meta["seq"])
         return Message("ok", msg.meta, (msg.arrays[0] + 1,))
 
-    with serving(handler) as server, connect(server.address, SECRET) as conn:
+    with serving(handler, threaded=threaded) as server, connect(server.address, SECRET) as conn:
         for seq in range(50):
             conn.send("work", {"seq": seq}, (np.full(100, seq, np.int32),))
         for seq in range(50):
@@ -612,7 +626,8 @@ def test_pipelined_messages_are_handled_and_answered_in_order() -> None:
     assert seen == list(range(50))
 
 
-def test_many_concurrent_clients_get_their_own_replies() -> None:
+@THREADED
+def test_many_concurrent_clients_get_their_own_replies(threaded: bool) -> None:
     def handler(peer: PeerInfo, msg: Message) -> Message:
         return Message("ok", msg.meta, (msg.arrays[0] * 2,))
 
@@ -629,13 +644,37 @@ def test_many_concurrent_clients_get_their_own_replies() -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    with serving(handler) as server:
+    with serving(handler, threaded=threaded) as server:
         threads = [threading.Thread(target=client, args=(server.address, who)) for who in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(20)
     assert not errors, errors[0]
+
+
+def test_a_threaded_server_serves_connections_in_parallel() -> None:
+    # Both handlers must be inside at once to pass the barrier: one loop thread could not.
+    barrier = threading.Barrier(2, timeout=5)
+
+    def handler(peer: PeerInfo, msg: Message) -> Message:
+        barrier.wait()
+        return Message("ok", msg.meta)
+
+    replies: list[dict[str, Any]] = []
+
+    def client(address: tuple[str, int], who: int) -> None:
+        with connect(address, SECRET) as conn:
+            replies.append(conn.request("meet", {"who": who}).meta)
+
+    with serving(handler, threaded=True) as server:
+        threads = [threading.Thread(target=client, args=(server.address, w)) for w in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+    assert sorted(r["who"] for r in replies) == [0, 1]
+    assert not barrier.broken
 
 
 # ------------------------------------------------------------------------------ connecting
