@@ -178,7 +178,9 @@ class PodUsage:
 
     ``cpu_cores`` is averaged over the time since the previous :meth:`ClusterBackend.usage`
     call that reported this pod (since its start for the first), so one caller should own the
-    sampling. ``memory_mb`` is resident memory in MiB, child processes included.
+    sampling. A backend may leave a pod out of a call whose window would be too short to
+    average its CPU limit over (the local backend: under 0.5 s) and report it next time.
+    ``memory_mb`` is resident memory in MiB, child processes included.
     """
 
     name: str

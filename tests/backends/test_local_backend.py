@@ -39,7 +39,7 @@ from dlrover_kfp.backends import (
     PodSpec,
     PodStatus,
 )
-from dlrover_kfp.backends.local import exit_code_of
+from dlrover_kfp.backends.local import MIN_USAGE_WINDOW_S, exit_code_of
 from dlrover_kfp.core.profile import Role
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.ports import FixedClock
@@ -403,6 +403,17 @@ class TestLocalBackend(ClusterBackendContract):
         done = wait_for(backend, "ctr-ps-0", terminal, self.oom_timeout_s + 1.0)
 
         assert (done.reason, done.exit_code) == ("OOMKilled", 137)
+
+    def test_usage_waits_for_a_window_long_enough_to_average_a_quota_over(
+        self, backend: LocalBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        backend.launch(pod("ctr-worker-0", "while True: pass", cpu=0.5))
+        time.sleep(MIN_USAGE_WINDOW_S + 0.1)
+        assert [u.name for u in backend.usage()] == ["ctr-worker-0"]
+        # Straight after: a window of a few ms is no measurement; the pod is left out.
+        assert backend.usage() == []
+        time.sleep(MIN_USAGE_WINDOW_S + 0.1)
+        assert [u.name for u in backend.usage()] == ["ctr-worker-0"]
 
     def test_secrets_stay_out_of_log_file_logging_and_repr(
         self,
