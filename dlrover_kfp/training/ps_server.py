@@ -29,8 +29,8 @@ embedding rows follow Hogwild (Recht et al., 2011), as asynchronous PS training 
   (and the same holds for the Adagrad accumulator). With Zipf-distributed ids the head rows are
   touched by every push, so this happens, rarely, on exactly the rows that get the most updates.
 
-``tests/training/test_async.py`` measures that this does not hurt: with several workers the
-final held-out loss stays within a stated tolerance of the synchronous run on the same data.
+``tests/integration/test_async_training.py`` measures that this does not hurt: with several
+workers the final held-out loss stays within a stated tolerance of the synchronous run's.
 The dense parameters (on PS 0) are small and shared by every step, so they are kept exact: a
 lock makes each dense update and each copy of the dense vector whole.
 
