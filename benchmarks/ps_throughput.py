@@ -51,9 +51,10 @@ is missing; the PS serves on its main thread) and slows Python-heavy code, so ti
 ``sendmsg``/``recv_into`` is inflated: read it for proportions. For an unperturbed picture of
 all threads, sample a running job with ``py-spy record --idle --threads --nonblocking``.
 
-The medium model's default run takes ~7 minutes a round: its PS spends ~40 s starting
-(26 M rows to initialise, a 6.6 GB snapshot buffer) and ~55 s after training (final
-checkpoint, evaluation, export), which is why its whole-run figure is low.
+The medium model's default run takes ~7 minutes a round: its PS spent ~40 s starting
+(26 M rows to initialise, a 6.6 GB snapshot buffer; ~10.5 s since, see
+``benchmarks/ps_startup.py``) and ~55 s after training (final checkpoint, evaluation,
+export), which is why its whole-run figure is low.
 """
 
 from __future__ import annotations

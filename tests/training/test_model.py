@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from dlrover_kfp.backends.api import POD_CPU_ENV
 from dlrover_kfp.core.partition import Partition, table_offsets
 from dlrover_kfp.core.spec import ModelSpec
+from dlrover_kfp.training import memory
 from dlrover_kfp.training import model as model_module
 from dlrover_kfp.training.model import (
     DenseDLRM,
@@ -18,9 +20,10 @@ from dlrover_kfp.training.model import (
     FullDLRM,
     dense_parameter_count,
     init_embedding_rows,
+    init_embedding_slots,
     load_flat,
 )
-from dlrover_kfp.training.ps_state import PsConfig, PsState
+from dlrover_kfp.training.ps_state import PsConfig, PsState, startup_threads
 
 SPEC = ModelSpec(
     table_sizes=(1000, 50, 7, 3000),
@@ -163,11 +166,97 @@ def test_init_is_the_same_whatever_the_partition() -> None:
     assert np.array_equal(init_embedding_rows(picked, SPEC, seed=7), whole[picked])
 
 
+def test_ps_state_is_the_same_whatever_the_pod_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PS builds its state with as many threads as its pod has CPUs; the rows do not change,
+    and the accumulator starts at zero."""
+    monkeypatch.setattr(model_module, "_INIT_PIECE_BYTES", 64 * SPEC.embedding_dim * 4)
+    monkeypatch.delenv(POD_CPU_ENV, raising=False)
+    one = PsState(PsConfig(SPEC, 3, 1, learning_rate=0.1, seed=2))
+    monkeypatch.setenv(POD_CPU_ENV, "2.5")
+    three = PsState(PsConfig(SPEC, 3, 1, learning_rate=0.1, seed=2))
+    assert torch.equal(one.weights, three.weights)
+    assert torch.count_nonzero(three.accum) == 0
+    assert three.accum.shape == three.weights.shape
+    assert three.weights.is_contiguous() and three.accum.is_contiguous()
+
+
+CPU_TO_THREADS = {"1": 1, "0.5": 1, "2": 2, "2.5": 3, "64": 4, "0": 1, "-3": 1, "nan": 1}
+
+
+def test_startup_threads_follow_the_pod_cpu() -> None:
+    assert startup_threads({}) == 1  # unset: assume the cores are shared
+    for value, threads in {**CPU_TO_THREADS, "inf": 1, "two": 1}.items():
+        assert startup_threads({POD_CPU_ENV: value}) == threads, value
+
+
 def test_init_does_not_depend_on_the_chunk_size(monkeypatch: pytest.MonkeyPatch) -> None:
     gids = np.arange(TOTAL_ROWS, dtype=np.int64)
     whole = init_embedding_rows(gids, SPEC, seed=3)
-    monkeypatch.setattr(model_module, "_INIT_CHUNK_ROWS", 7)
+    # 7 elements a chunk: chunks of 1 row of 8 (dim 8 > 7), pieces of 3 rows.
+    monkeypatch.setattr(model_module, "_INIT_CHUNK_ELEMS", 7)
+    monkeypatch.setattr(model_module, "_INIT_PIECE_BYTES", 3 * SPEC.embedding_dim * 4)
     assert np.array_equal(init_embedding_rows(gids, SPEC, seed=3), whole)
+    assert np.array_equal(init_embedding_slots(SPEC, 3, threads=3), whole)
+    monkeypatch.setattr(model_module, "_INIT_CHUNK_ELEMS", 8 * 13)
+    monkeypatch.setattr(model_module, "_INIT_PIECE_BYTES", 1 << 20)
+    assert np.array_equal(init_embedding_rows(gids, SPEC, seed=3), whole)
+    assert np.array_equal(init_embedding_slots(SPEC, 3), whole)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("num_ps", [1, 2, 3, 5])
+def test_a_ps_computes_its_stripe_equal_to_the_whole(
+    monkeypatch: pytest.MonkeyPatch, num_ps: int, threads: int
+) -> None:
+    """What a PS holds (its slots, computed alone, in pieces over threads, straight into
+    populated memory) is exactly its rows of the model that one process computes."""
+    whole = init_embedding_rows(np.arange(TOTAL_ROWS, dtype=np.int64), SPEC, seed=9)
+    # Small pieces, so that the threads share many of them and pieces end mid-table.
+    monkeypatch.setattr(model_module, "_INIT_PIECE_BYTES", 37 * SPEC.embedding_dim * 4)
+    monkeypatch.setattr(model_module, "_INIT_CHUNK_ELEMS", 11 * SPEC.embedding_dim)
+    part = Partition(TOTAL_ROWS, num_ps)
+    for k in range(num_ps):
+        rows = part.rows_on(k)
+        out = memory.anonymous((rows, SPEC.embedding_dim), np.float32)
+        got = init_embedding_slots(
+            SPEC, 9, num_ps=num_ps, ps_index=k, out=out, threads=threads, populate=True
+        )
+        assert got is out
+        assert np.array_equal(got, whole[part.gids_of(k)])
+        # Any range of slots alone gives the same rows too.
+        a, b = rows // 3, rows // 3 + 101
+        sub = init_embedding_slots(SPEC, 9, num_ps=num_ps, ps_index=k, start=a, stop=b)
+        assert np.array_equal(sub, whole[part.gids_of(k)[a:b]])
+
+
+def test_init_across_32_bit_counter_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Models with more than 2^32 elements start a new block of keys every floor(2^32 / d)
+    rows; the fast and the general path cut blocks at the same rows."""
+    plain = init_embedding_rows(np.arange(TOTAL_ROWS, dtype=np.int64), SPEC, seed=4)
+    monkeypatch.setattr(model_module, "_rows_per_block", lambda dim: 97)
+    gids = np.arange(TOTAL_ROWS, dtype=np.int64)
+    whole = init_embedding_rows(gids, SPEC, seed=4)
+    assert not np.array_equal(whole[97:], plain[97:])  # new keys from row 97 on
+    assert np.array_equal(whole[:97], plain[:97])
+    for num_ps in (1, 3):
+        part = Partition(TOTAL_ROWS, num_ps)
+        for k in range(num_ps):
+            got = init_embedding_slots(SPEC, 4, num_ps=num_ps, ps_index=k, threads=2)
+            assert np.array_equal(got, whole[part.gids_of(k)])
+    # Blocks are independent: no row repeats another row's values.
+    assert len(np.unique(whole, axis=0)) == TOTAL_ROWS
+
+
+def test_init_rejects_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        init_embedding_slots(SPEC, 0, num_ps=2, ps_index=2)
+    with pytest.raises(ValueError, match="out of range"):
+        init_embedding_slots(SPEC, 0, start=5, stop=TOTAL_ROWS + 1)
+    with pytest.raises(ValueError, match="C-contiguous float32"):
+        init_embedding_slots(SPEC, 0, out=np.empty((TOTAL_ROWS, 8), dtype=np.float64))
+    with pytest.raises(ValueError, match="global ids"):
+        init_embedding_rows(np.array([TOTAL_ROWS], dtype=np.int64), SPEC, 0)
+    assert init_embedding_slots(SPEC, 0, start=3, stop=3).shape == (0, SPEC.embedding_dim)
 
 
 def test_init_lies_within_each_tables_bound() -> None:
@@ -182,6 +271,20 @@ def test_init_lies_within_each_tables_bound() -> None:
         assert block.min() < -0.8 * bound
         assert abs(float(block.mean())) < 0.15 * bound
         assert len(np.unique(block)) > 0.9 * block.size
+        if block.size >= 8000:
+            # Uniform on [-b, b]: sd b/sqrt(3); ten equal bins hold a tenth each (a bin of 800+
+            # values has a binomial sd under 11%, so 25% is > 2 sd for the smallest).
+            assert float(block.std()) == pytest.approx(bound / math.sqrt(3), rel=0.05)
+            counts, _ = np.histogram(block, bins=10, range=(-bound, bound))
+            assert np.all(np.abs(counts / block.size - 0.1) < 0.025), counts
+    # Across every element of the model: no bias towards either sign, nor between columns.
+    assert abs(float(np.mean(rows > 0)) - 0.5) < 0.01
+    row_bounds = np.repeat(np.sqrt(1.0 / np.asarray(SPEC.table_sizes)), SPEC.table_sizes)
+    scaled = rows / row_bounds[:, None].astype(np.float32)
+    assert np.all(np.abs(scaled.mean(axis=0)) < 0.05)
+    # Neighbouring elements (counters c and c + 1) are uncorrelated.
+    flat = scaled.reshape(-1)
+    assert abs(float(np.corrcoef(flat[:-1], flat[1:])[0, 1])) < 0.03
 
 
 def test_init_is_deterministic_per_seed_and_differs_across_seeds() -> None:
@@ -191,6 +294,11 @@ def test_init_is_deterministic_per_seed_and_differs_across_seeds() -> None:
     b = init_embedding_rows(gids, SPEC, seed=12)
     assert np.mean(a == b) < 0.01
     assert not np.array_equal(init_embedding_rows(gids, SPEC, seed=0), a)
+    # Negative and 64-bit seeds are fine and distinct.
+    c = init_embedding_rows(gids, SPEC, seed=-1)
+    d = init_embedding_rows(gids, SPEC, seed=2**64 - 1)
+    assert np.array_equal(c, d)  # the same seed modulo 2^64
+    assert np.mean(c == a) < 0.01
 
 
 def test_full_model_starts_from_the_same_rows() -> None:
