@@ -1283,8 +1283,10 @@ class Server:
         except Exception:  # a parser bug must cost one peer, not every peer
             log.exception("closing %s: unexpected error", where)
         finally:
-            self._peer_threads.pop(peer.info.id, None)
             self._drop(peer)
+            # Only now: close() joins the threads it finds here, so on_disconnect has run by
+            # the time it returns.
+            self._peer_threads.pop(peer.info.id, None)
 
     def _read_frames(self, peer: _Peer) -> None:
         reader = peer.reader
