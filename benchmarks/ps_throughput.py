@@ -120,7 +120,10 @@ MODELS = {
 }
 
 
-def job_spec(size: ModelSize, rows: int, workers: int, ps: int) -> JobSpec:
+def job_spec(
+    size: ModelSize, rows: int, workers: int, ps: int, cpus: tuple[float, float] = (1.0, 1.0)
+) -> JobSpec:
+    """The benchmark's job; ``cpus`` are the cores of each worker and each PS."""
     doc = {
         "name": f"bench-{workers}w{ps}p",
         "model": {
@@ -134,8 +137,8 @@ def job_spec(size: ModelSize, rows: int, workers: int, ps: int) -> JobSpec:
         "data": {"format": "synthetic", "rows": rows, "seed": DATA_SEED},
         "training": {"batch_size": size.batch, "epochs": 1, "learning_rate": LEARNING_RATE},
         "resources": {
-            "workers": {"count": workers, "cpu": 1, "memory": size.memory},
-            "ps": {"count": ps, "cpu": 1, "memory": size.memory},
+            "workers": {"count": workers, "cpu": cpus[0], "memory": size.memory},
+            "ps": {"count": ps, "cpu": cpus[1], "memory": size.memory},
         },
     }
     return parse(JobSpec, doc, "ps_throughput benchmark")
@@ -247,9 +250,15 @@ def steady_window(profile: JobProfile) -> tuple[int, int, list[float]]:
 
 
 def run_job(
-    size: ModelSize, rows: int, workers: int, ps: int, *, python: str | None = None
+    size: ModelSize,
+    rows: int,
+    workers: int,
+    ps: int,
+    *,
+    python: str | None = None,
+    cpus: tuple[float, float] = (1.0, 1.0),
 ) -> JobResult:
-    spec = job_spec(size, rows, workers, ps)
+    spec = job_spec(size, rows, workers, ps, cpus)
     marks: list[tuple[float, float]] = []  # (monotonic, this process's CPU s) at each sample
 
     def progress(line: str) -> None:
@@ -472,6 +481,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--no-two-ps", action="store_true", help="skip the 2 workers + 2 PS job (saves ~1/4)"
     )
     parser.add_argument("--profile", action="store_true", help="cProfile worker and PS after")
+    parser.add_argument(
+        "--worker-cpu", type=float, default=1.0, help="cores per worker pod (a CFS quota)"
+    )
+    parser.add_argument("--ps-cpu", type=float, default=1.0, help="cores per PS pod")
     args = parser.parse_args(argv)
     size = MODELS[args.model]
     rows = args.rows or size.job_rows
@@ -493,6 +506,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         configs.append("2 workers + 2 PS")
     shape = {"1 worker + 1 PS": (1, 1), "2 workers + 1 PS": (2, 1), "2 workers + 2 PS": (2, 2)}
     print(f"machine: {machine()}")
+    print(f"pods: {args.worker_cpu:g} cores per worker, {args.ps_cpu:g} per PS (enforced quotas)")
     print(
         f"model {args.model}: {size.tables} tables x {size.rows_per_table:,} rows x {size.dim}, "
         f"bottom {list(size.bottom)}, top {list(size.top)}, batch {size.batch}, "
@@ -514,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         order: list[str | tuple[str, int]] = [configs[0], *LOOPS, *configs[1:]]
         for item in order:
             if isinstance(item, str):
-                res = run_job(size, rows, *shape[item])
+                res = run_job(size, rows, *shape[item], cpus=(args.worker_cpu, args.ps_cpu))
                 jobs[item] = res
                 note(
                     i,

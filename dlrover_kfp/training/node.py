@@ -36,7 +36,7 @@ from dlrover_kfp.runtime.master import CONFIG, GET_SHARD, REGISTER, REPORT
 from dlrover_kfp.training import ps_server
 from dlrover_kfp.training.data import Batch, RowRange, open_dataset
 from dlrover_kfp.training.ps_client import RemotePs
-from dlrover_kfp.training.step import WorkerModel
+from dlrover_kfp.training.step import Routed, WorkerModel
 from dlrover_kfp.training.wire import Connection, connect, secret_from_env
 
 log = logging.getLogger("dlrover_kfp.node")
@@ -109,6 +109,9 @@ def advertise_host(master_host: str) -> str:
 class _Work:
     shard: dict[str, Any]
     batch: Batch
+    #: the shard's mini-batches, routed by the prefetch thread (torch.unique releases the GIL,
+    #: so this runs beside the training thread on a pod with more than one core)
+    steps: list[Routed]
 
 
 def _prefetch(
@@ -116,11 +119,14 @@ def _prefetch(
     incarnation: str,
     master: Connection,
     config: dict[str, Any],
+    model: WorkerModel,
     out: queue.Queue[_Work | BaseException | None],
 ) -> None:
-    """Lease shards and read their rows one shard ahead of training (its own connection)."""
+    """Lease shards, read their rows and route their mini-batches one shard ahead of training
+    (on its own connection to the master)."""
     try:
         spec = job_spec(config)
+        batch_size = spec.training.batch_size
         dataset = open_dataset(spec.data, spec.model, config["base_dir"])
         while True:
             reply = master.request(GET_SHARD, {"worker": name, "incarnation": incarnation})
@@ -132,7 +138,12 @@ def _prefetch(
                 time.sleep(0.02)  # every shard is leased; wait for the epoch to finish
                 continue
             rows = RowRange(int(shard["source"]), int(shard["start"]), int(shard["end"]))
-            out.put(_Work(shard, dataset.read(rows)))
+            batch = dataset.read(rows)
+            steps = [
+                model.route(batch.slice(start, min(start + batch_size, len(batch))))
+                for start in range(0, len(batch), batch_size)
+            ]
+            out.put(_Work(shard, batch, steps))
     except BaseException as exc:  # handed to the training thread, which exits non-zero
         out.put(exc)
 
@@ -150,9 +161,8 @@ class _ShardProgress:
 
 def _batches(
     work: queue.Queue[_Work | BaseException | None],
-    batch_size: int,
     on_idle: Callable[[], None],
-) -> Iterator[tuple[Batch, tuple[_ShardProgress, int]] | None]:
+) -> Iterator[tuple[Routed, tuple[_ShardProgress, int]] | None]:
     """Every mini-batch of every leased shard, in order, tagged with its shard and size.
 
     Between two shards, when the next one has not arrived yet, yields ``None`` (the pipeline
@@ -170,12 +180,9 @@ def _batches(
             return
         if isinstance(item, BaseException):
             raise item
-        batch = item.batch
-        starts = range(0, len(batch), batch_size)
-        progress = _ShardProgress(item, len(starts))
-        for start in starts:
-            part = batch.slice(start, min(start + batch_size, len(batch)))
-            yield part, (progress, len(part))
+        progress = _ShardProgress(item, len(item.steps))
+        for routed in item.steps:
+            yield routed, (progress, len(routed.batch))
 
 
 def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> None:
@@ -195,7 +202,7 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
     work: queue.Queue[_Work | BaseException | None] = queue.Queue(maxsize=1)
     threading.Thread(
         target=_prefetch,
-        args=(name, incarnation, lease_conn, config, work),
+        args=(name, incarnation, lease_conn, config, model, work),
         daemon=True,
         name="prefetch",
     ).start()
@@ -229,7 +236,7 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
         while unreported:
             report(unreported.popleft())
 
-    batches = _batches(work, spec.training.batch_size, on_idle=report_all)
+    batches = _batches(work, on_idle=report_all)
     # Synchronous: each lookup after the previous push was applied (bit-exact order).
     steps: Iterator[tuple[tuple[_ShardProgress, int], float]] = (
         ((item[1], model.train_step(item[0])) for item in batches if item is not None)

@@ -149,6 +149,23 @@ class _Routing:
 
 
 @dataclass(frozen=True, slots=True)
+class Routed:
+    """A batch with its ids deduplicated and routed to the PS: the step's work that needs no
+    parameters, so a worker's prefetch thread can do it while the main thread trains."""
+
+    batch: Batch
+    routing: _Routing
+    inverse: torch.Tensor
+
+
+def route(batch: Batch, offsets: torch.Tensor, num_ps: int) -> Routed:
+    """Global ids ``[B, T]`` -> unique ids per PS and the inverse map (one ``torch.unique``)."""
+    gids = torch.from_numpy(batch.sparse) + offsets
+    unique, inverse = torch.unique(gids.view(-1), return_inverse=True)
+    return Routed(batch, _Routing(unique, num_ps), inverse)
+
+
+@dataclass(frozen=True, slots=True)
 class _Step:
     batch: Batch
     routing: _Routing
@@ -166,12 +183,15 @@ class WorkerModel:
         self.flat = FlatParameters(self.net)
         self.offsets = torch.from_numpy(table_offsets(spec.table_sizes))
 
-    def _begin(self, batch: Batch, *, with_dense: bool) -> _Step:
-        """Route the batch's ids and send its lookups."""
-        gids = torch.from_numpy(batch.sparse) + self.offsets
-        unique, inverse = torch.unique(gids.view(-1), return_inverse=True)
-        routing = _Routing(unique, self.servers.num_ps)
-        return _Step(batch, routing, inverse, self.servers.request(routing.slots, with_dense))
+    def route(self, batch: Batch) -> Routed:
+        """:func:`route` for this model and its PS (thread-safe: it touches no parameters)."""
+        return route(batch, self.offsets, self.servers.num_ps)
+
+    def _begin(self, item: Batch | Routed, *, with_dense: bool) -> _Step:
+        """Route the batch's ids (unless done already) and send its lookups."""
+        r = item if isinstance(item, Routed) else self.route(item)
+        pending = self.servers.request(r.routing.slots, with_dense)
+        return _Step(r.batch, r.routing, r.inverse, pending)
 
     def _leaf(self, step: _Step, rows: Rows) -> torch.Tensor:
         found, dense = rows
@@ -194,14 +214,14 @@ class WorkerModel:
         self.servers.push(routing.slots, routing.scatter(leaf.grad), self.flat.grad)
         return float(loss.detach())
 
-    def train_step(self, batch: Batch) -> float:
+    def train_step(self, batch: Batch | Routed) -> float:
         """One step on ``batch``, its lookup sent only now (after every earlier push); returns
         its mean log-loss before the update."""
         step = self._begin(batch, with_dense=True)
         return self._compute(step, step.pending.wait())
 
     def train_pipelined(
-        self, items: Iterable[tuple[Batch, Tag] | None]
+        self, items: Iterable[tuple[Batch | Routed, Tag] | None]
     ) -> Iterator[tuple[Tag, float]]:
         """Train on every batch with the next batch's lookup in flight (see the module
         docstring); yields each batch's tag and mean log-loss, after its push was sent.
