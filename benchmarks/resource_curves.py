@@ -605,7 +605,18 @@ def _fit_pipelined_at(
         )
         return errors
 
-    solution = least_squares(residuals, x0, bounds=(0, np.inf))
+    # The max() makes the problem non-convex: from a start whose PS branch is below the worker
+    # branch everywhere (v2's θ2 is often 0), θ2 has no gradient and stays put. Start also from
+    # PS branches of several sizes, so that each possible set of PS-bound points gets a chance.
+    starts = [x0]
+    for factor in (0.03, 0.1, 0.3, 1.0, 3.0):
+        z = x0.copy()
+        z[2] = factor
+        starts.append(z)
+    solution = min(
+        (least_squares(residuals, z, bounds=(0, np.inf)) for z in starts),
+        key=lambda sol: float(np.sum(sol.fun**2)),
+    )
     model = PipelinedModel(tuple(float(v) for v in solution.x * scale), gamma)
     return float(np.sqrt(np.mean(solution.fun**2))), model
 
