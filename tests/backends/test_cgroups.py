@@ -20,16 +20,14 @@ import pytest
 from dlrover_kfp.backends import LocalBackend, PodPhase, PodSpec
 from dlrover_kfp.backends import cgroups as cg
 
-# One thread per requested core, each spinning: the pod asks for more CPU than it may use.
+# Spinning processes (threads would share one GIL): the pod asks for more CPU than it may use.
 BUSY = (
-    "import sys, threading\n"
-    "def spin():\n"
-    "    x = 0\n"
-    "    while True:\n"
-    "        x += 1\n"
+    "import os, sys\n"
     "for _ in range(int(sys.argv[1]) - 1):\n"
-    "    threading.Thread(target=spin, daemon=True).start()\n"
-    "spin()\n"
+    "    if os.fork() == 0:\n"
+    "        break\n"
+    "while True:\n"
+    "    pass\n"
 )
 
 _found = cg.detect()
@@ -199,8 +197,8 @@ def test_a_busy_pod_at_half_a_core_uses_half_a_core(backend: LocalBackend) -> No
 
     used = cores_over(backend, "busy-0", 4.0)
 
-    # Two spinning threads would take both cores; the quota holds them to 0.5 (a CFS period is
-    # 0.1 s, so 4 s average 40 periods).
+    # Two spinning processes would take both cores; the quota holds them to 0.5 (a CFS period
+    # is 0.1 s, so 4 s average 40 periods).
     assert 0.45 <= used <= 0.55, used
 
 
@@ -217,7 +215,7 @@ def test_a_quarter_core_pod_is_throttled_and_a_whole_core_pod_is_not(
     used = {u.name: u.cpu_cores for u in backend.usage()}
 
     assert 0.2 <= used["busy-q"] <= 0.3, used
-    assert used["busy-w"] >= 0.6, used  # one spinning thread on a shared 2-core machine
+    assert used["busy-w"] >= 0.6, used  # one spinning process on a shared 2-core machine
     assert used["busy-w"] <= 1.1, used
 
 
