@@ -131,8 +131,9 @@ DEFAULT_BUDGET = 1.75
 #: The medium model's points. Its PS hold 26 M rows x 32 dims between them, with Adagrad state
 #: and a snapshot buffer of the same size: ~13 GB whatever p is, over half this machine, so one
 #: PS and few points: λw 0.5/1/1.25 at λp 0.5 (the worker-CPU curve; 1.25 rather than 1.5 to
-#: stay within 1.75 cores), one more λp and one more worker. No λp below 0.5: a medium PS
-#: initialises its rows for ~40 s on a whole core, and its start-up runs at its CPU limit.
+#: stay within 1.75 cores), one more λp and one more worker. No λp below 0.5: a medium PS's
+#: start-up (~10 s on a whole core: docs/training-benchmarks.md, "PS start-up") runs at its CPU
+#: limit, and its final checkpoint too.
 MEDIUM_POINTS = (
     Config(1, 1, 0.5, 0.5),
     Config(1, 1, 1.0, 0.5),
@@ -148,7 +149,7 @@ SPEED_FACTOR = {"small": 1.0, "medium": 0.6}
 SAMPLE_INTERVAL_S = 0.25
 
 #: Longest a job may take, start-up and evaluation included: a small job at the slowest point
-#: takes ~40 s; a medium PS spends minutes initialising and checkpointing at its CPU limit.
+#: takes ~40 s; a medium PS spends a minute or more starting and checkpointing at its CPU limit.
 JOB_TIMEOUT_S = {"small": 300.0, "medium": 1500.0}
 
 
