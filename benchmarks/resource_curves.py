@@ -97,10 +97,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ps_throughput import DATA_SEED, LEARNING_RATE, MODELS, ModelSize, machine
+from ps_throughput import MODELS, ModelSize, machine
+from ps_throughput import job_spec as throughput_job_spec
 
 from dlrover_kfp.backends import LocalBackend
-from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.observation import Config, Observation
 from dlrover_kfp.core.perf_model import (
     CSV_COLUMNS,
@@ -277,24 +277,10 @@ def wait_for_quiet(max_other: float, max_wait_s: float, say: Callable[[str], Non
 
 
 def job_spec(size: ModelSize, rows: int, config: Config) -> JobSpec:
-    doc = {
-        "name": f"curve-{config.workers}w{config.ps}p",
-        "model": {
-            "kind": "dlrm",
-            "embedding_dim": size.dim,
-            "table_sizes": [size.rows_per_table] * size.tables,
-            "dense_features": 13,
-            "bottom_mlp": list(size.bottom),
-            "top_mlp": list(size.top),
-        },
-        "data": {"format": "synthetic", "rows": rows, "seed": DATA_SEED},
-        "training": {"batch_size": size.batch, "epochs": 1, "learning_rate": LEARNING_RATE},
-        "resources": {
-            "workers": {"count": config.workers, "cpu": config.worker_cpu, "memory": size.memory},
-            "ps": {"count": config.ps, "cpu": config.ps_cpu, "memory": size.memory},
-        },
-    }
-    return parse(JobSpec, doc, "resource_curves benchmark")
+    """ps_throughput's job (same model, data and learning rate) at ``config``'s shape."""
+    return throughput_job_spec(
+        size, rows, config.workers, config.ps, (config.worker_cpu, config.ps_cpu)
+    )
 
 
 @dataclass
