@@ -101,16 +101,18 @@ from ps_throughput import MODELS, ModelSize, machine
 from ps_throughput import job_spec as throughput_job_spec
 
 from dlrover_kfp.backends import LocalBackend
+from dlrover_kfp.core.model_io import (
+    CSV_COLUMNS,
+    model_to_dict,
+    observations_from_csv,
+)
 from dlrover_kfp.core.observation import Config, Observation
 from dlrover_kfp.core.perf_model import (
-    CSV_COLUMNS,
     PRIOR,
     THETA_NAMES,
     FitSettings,
     PerfModel,
     fit,
-    model_to_dict,
-    observations_from_csv,
 )
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec

@@ -13,14 +13,16 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from dlrover_kfp.core.observation import Config
-from dlrover_kfp.core.perf_model import (
+from dlrover_kfp.core.model_io import (
     CSV_COLUMNS,
-    PerfModel,
-    fit,
     model_from_dict,
     model_to_dict,
     observations_from_csv,
+)
+from dlrover_kfp.core.observation import Config
+from dlrover_kfp.core.perf_model import (
+    PerfModel,
+    fit,
 )
 from dlrover_kfp.core.quantity import parse_cpu
 from dlrover_kfp.errors import UserInputError

@@ -8,14 +8,16 @@ from pathlib import Path
 import pytest
 
 from dlrover_kfp.cli.main import main
-from dlrover_kfp.core.observation import Config
-from dlrover_kfp.core.perf_model import (
+from dlrover_kfp.core.model_io import (
     FORM,
     FORM_V1,
-    THETA_NAMES,
-    fit,
     model_from_dict,
     observations_from_csv,
+)
+from dlrover_kfp.core.observation import Config
+from dlrover_kfp.core.perf_model import (
+    THETA_NAMES,
+    fit,
 )
 
 SAMPLES = """\

@@ -19,19 +19,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dlrover_kfp.core.observation import Config, Observation
-from dlrover_kfp.core.perf_model import (
+from dlrover_kfp.core.model_io import (
     FORM,
     FORM_V1,
     GAMMA_NAME,
+    model_from_dict,
+    model_to_dict,
+    observations_from_csv,
+)
+from dlrover_kfp.core.observation import Config, Observation
+from dlrover_kfp.core.perf_model import (
     PRIOR,
     THETA_NAMES,
     FitSettings,
     PerfModel,
     fit,
-    model_from_dict,
-    model_to_dict,
-    observations_from_csv,
 )
 from dlrover_kfp.errors import UserInputError
 

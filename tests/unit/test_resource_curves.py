@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from dlrover_kfp.core.model_io import CSV_COLUMNS, observations_from_csv
 from dlrover_kfp.core.observation import Config, Observation
-from dlrover_kfp.core.perf_model import CSV_COLUMNS, fit, observations_from_csv
+from dlrover_kfp.core.perf_model import fit
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "resource_curves.py"
 
