@@ -10,6 +10,7 @@ with the spread, and as a ratio to the target, since these machines are shared a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import random
 import statistics
@@ -157,6 +158,19 @@ def main() -> None:
         "stage-2 decision (+48 known, gamma search)",
         timed(
             lambda: auto_scale(ctx, current, samples, 4000.0, settings, known=known),
+            args.repeat * 4,
+        ),
+        0.005,
+    )
+    # The same decision with the additive form alone: what trying the overlap form costs, in
+    # the same run (a ratio, since the machine is noisy).
+    additive = dataclasses.replace(
+        settings, model_fit=dataclasses.replace(settings.model_fit, overlap=False)
+    )
+    report(
+        "stage-2 decision (+48 known), additive only",
+        timed(
+            lambda: auto_scale(ctx, current, samples, 4000.0, additive, known=known),
             args.repeat * 4,
         ),
         0.005,

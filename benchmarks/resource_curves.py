@@ -33,10 +33,10 @@ benchmark checks it against the trainer itself, as the paper's figure 6 does:
    every runtime sample are kept.
 4. **Fit and validate.** The configurations (repeats stay together) are split at random
    (``--split-seed``): each form of ``--forms`` is fitted on 60% and its MAPE reported on the
-   other 40% and on the training part. ``v2`` is the library's form and fit
-   (``perf_model.fit``), ``v1`` the same with γ = 1 (DESIGN §4 as written), ``pipelined``
-   the form with worker and PS overlapping (:class:`PipelinedModel`) and ``capped`` v2 on
-   ``min(λ, cap)`` (``--caps``).
+   other 40% and on the training part. ``v3`` is the library's fit as shipped
+   (``perf_model.fit``: the additive or the overlap form, whichever fits better by its
+   margin), ``v2`` the additive form alone, ``v1`` the additive form with γ = 1 (DESIGN §4 as
+   written) and ``capped`` v3 on ``min(λ, cap)`` (``--caps``).
 5. **Plot** the fitted curves against the measured points, one PNG per form: throughput against
    w/p, against worker CPU and against PS CPU (each with the other variables held at the
    values that have the most measured points), and predicted against measured.
@@ -548,90 +548,15 @@ FloatArray = np.ndarray
 
 
 @dataclass(frozen=True)
-class PipelinedModel:
-    """The form ``pipelined``: the worker's compute and the PS's service overlap.
-
-        T = θ0 + max(θ1·B/λw, θ2·(w/p)^γ·B/λp + θ3·(w/p)) + θ4·p
-
-    The worker sends step n+1's lookups before step n's forward pass (step.py, "Pipelining"),
-    so while the PS are not the bottleneck a step costs the worker's compute, and once they are,
-    what they take per worker: the larger of the two, not their sum as in Optimus's form. Not
-    linear in θ, so it is fitted here with ``scipy.optimize.least_squares`` (same relative
-    residuals, θ >= 0, γ on the library's grid), not with ``perf_model.fit``.
-    """
-
-    theta: tuple[float, ...]
-    gamma: float
-
-    def throughput_many(
-        self, w: FloatArray, p: FloatArray, lw: FloatArray, lp: FloatArray, b: FloatArray | float
-    ) -> FloatArray:
-        w, p, lw, lp, b = np.broadcast_arrays(
-            *(np.asarray(a, dtype=float) for a in (w, p, lw, lp, b))
-        )
-        t0, t1, t2, t3, t4 = self.theta
-        load = w / p
-        worker = t1 * b / lw
-        ps = t2 * load**self.gamma * b / lp + t3 * load
-        result: FloatArray = w * b / (t0 + np.maximum(worker, ps) + t4 * p)
-        return result
-
-
-def _fit_pipelined_at(
-    observations: Sequence[Observation], start: PerfModel, gamma: float
-) -> tuple[float, PipelinedModel]:
-    """(relative RMSE, model) of the least-squares fit at one γ, started from ``start``'s θ."""
-    from scipy.optimize import least_squares  # noqa: PLC0415 (only this form needs it)
-
-    w, p, lw, lp, b, x = np.array([(*key(o), o.throughput) for o in observations]).T
-    # θ in units of the prior's, so that every coordinate is O(1) for the solver.
-    scale = np.array(PRIOR.theta)
-    x0 = np.maximum(np.array(start.theta), 0.01 * scale) / scale
-
-    def residuals(z: FloatArray) -> FloatArray:
-        errors: FloatArray = (
-            PipelinedModel(tuple(z * scale), gamma).throughput_many(w, p, lw, lp, b) / x - 1
-        )
-        return errors
-
-    # The max() makes the problem non-convex: from a start whose PS branch is below the worker
-    # branch everywhere (v2's θ2 is often 0), θ2 has no gradient and stays put. Start also from
-    # PS branches of several sizes, so that each possible set of PS-bound points gets a chance.
-    starts = [x0]
-    for factor in (0.03, 0.1, 0.3, 1.0, 3.0):
-        z = x0.copy()
-        z[2] = factor
-        starts.append(z)
-    solution = min(
-        (least_squares(residuals, z, bounds=(0, np.inf)) for z in starts),
-        key=lambda sol: float(np.sum(sol.fun**2)),
-    )
-    model = PipelinedModel(tuple(float(v) for v in solution.x * scale), gamma)
-    return float(np.sqrt(np.mean(solution.fun**2))), model
-
-
-def fit_pipelined(observations: Sequence[Observation], start: PerfModel) -> PipelinedModel:
-    """Relative least squares at every γ of the library's grid; the library's margin rule."""
-    settings = FitSettings()
-    fits = [_fit_pipelined_at(observations, start, float(g)) for g in settings.exponent_grid()]
-    at_one = fits[0]
-    best = min(fits, key=lambda f: f[0])
-    # As perf_model.fit: γ moves from 1 only if that lowers the RMSE by more than the margin.
-    return best[1] if best[0] < (1 - settings.exponent_margin) * at_one[0] else at_one[1]
-
-
-@dataclass(frozen=True)
 class Form:
     """A form of the model and how it is fitted.
 
-    ``library`` forms fit ``perf_model.fit`` with ``settings``; ``caps`` (worker, PS) first
-    turns λ into ``min(λ, cap)``, the cores a pod of that role can use at most whatever it is
-    given. ``pipelined`` is :class:`PipelinedModel`.
+    Every form fits ``perf_model.fit`` with ``settings``; ``caps`` (worker, PS) first turns λ
+    into ``min(λ, cap)``, the cores a pod of that role can use at most whatever it is given.
     """
 
     name: str
     description: str
-    kind: str = "library"
     settings: FitSettings = field(default_factory=FitSettings)
     caps: tuple[float, float] | None = None
 
@@ -642,7 +567,7 @@ class Form:
 
     def predict(
         self,
-        model: PerfModel | PipelinedModel,
+        model: PerfModel,
         w: FloatArray,
         p: FloatArray,
         lw: FloatArray,
@@ -655,7 +580,7 @@ class Form:
 
 
 #: Forms ``--forms`` can name; ``capped`` needs ``--caps``.
-FORMS = ("v1", "v2", "pipelined", "capped")
+FORMS = ("v1", "v2", "v3", "capped")
 
 
 def make_forms(names: Sequence[str], caps: tuple[float, float] | None) -> list[Form]:
@@ -663,16 +588,17 @@ def make_forms(names: Sequence[str], caps: tuple[float, float] | None) -> list[F
         "v1": Form(
             "v1",
             "DESIGN §4 as written: T = θ0 + θ1·B/λw + θ2·(w/p)·B/λp + θ3·(w/p) + θ4·p (γ = 1)",
-            settings=FitSettings(max_exponent=1.0),
+            settings=FitSettings(max_exponent=1.0, overlap=False),
         ),
         "v2": Form(
             "v2",
-            "the library's form (dlrover-kfp/ps-async-v2): θ2's term times (w/p)^γ, γ in [1, 2]",
+            "additive (dlrover-kfp/ps-async-v2): θ2's term times (w/p)^γ, γ in [1, 2]",
+            settings=FitSettings(overlap=False),
         ),
-        "pipelined": Form(
-            "pipelined",
-            "T = θ0 + max(θ1·B/λw, θ2·(w/p)^γ·B/λp + θ3·(w/p)) + θ4·p: worker and PS overlap",
-            kind="pipelined",
+        "v3": Form(
+            "v3",
+            "the library as shipped (dlrover-kfp/ps-async-v3): v2, or the overlap form "
+            "T = θ0 + max(θ1·B/λw, θ2·(w/p)^γ·B/λp + θ3·(w/p)) + θ4·p if it fits better",
         ),
     }
     forms = []
@@ -685,7 +611,7 @@ def make_forms(names: Sequence[str], caps: tuple[float, float] | None) -> list[F
             forms.append(
                 Form(
                     "capped",
-                    f"v2 on usable cores: λw -> min(λw, {caps[0]:g}), λp -> min(λp, {caps[1]:g})",
+                    f"v3 on usable cores: λw -> min(λw, {caps[0]:g}), λp -> min(λp, {caps[1]:g})",
                     caps=caps,
                 )
             )
@@ -709,15 +635,10 @@ def key(o: Observation) -> tuple[Any, ...]:
     return (c.workers, c.ps, c.worker_cpu, c.ps_cpu, o.batch_size)
 
 
-#: Fewest distinct configurations :func:`fit_pipelined` is run on: it fits all five θ and γ
-#: with nothing pinned, so it needs a configuration to spare after those six.
-MIN_CONFIGS_PIPELINED = 7
-
-
 @dataclass
 class FitResult:
     form: Form
-    model: PerfModel | PipelinedModel
+    model: PerfModel
     train: list[Observation]
     test: list[Observation]
 
@@ -737,38 +658,24 @@ class FitResult:
         return statistics.fmean(abs(e) for e in errors) if errors else math.nan
 
 
-def fit_form(form: Form, train: list[Observation], test: list[Observation]) -> FitResult | None:
+def fit_form(form: Form, train: list[Observation], test: list[Observation]) -> FitResult:
     effective = [dataclasses.replace(o, config=form.effective(o.config)) for o in train]
-    library = fit(effective, settings=form.settings)
-    if form.kind == "library":
-        return FitResult(form, library, train, test)
-    n_configs = len({key(o) for o in train})
-    if n_configs < MIN_CONFIGS_PIPELINED:
-        print(
-            f"form {form.name}: skipped ({n_configs} configurations to fit on, "
-            f"needs {MIN_CONFIGS_PIPELINED}: nothing is pinned in it)"
-        )
-        return None
-    return FitResult(form, fit_pipelined(train, library), train, test)
+    return FitResult(form, fit(effective, settings=form.settings), train, test)
 
 
 def describe(result: FitResult) -> str:
     m = result.model
     lines = [f"form {result.form.name}: {result.form.description}"]
-    if isinstance(m, PerfModel):
-        for name, value, pinned in zip(THETA_NAMES, m.theta, m.pinned, strict=True):
-            note = "   (pinned to the prior)" if pinned else ""
-            lines.append(f"    {name:<34} {value:.4g}{note}")
-        gamma_note = "pinned: not identifiable from these data" if m.gamma_pinned else "searched"
-        lines.append(f"    {'gamma':<34} {m.gamma:.2f}   ({gamma_note})")
-        if m.diagnostics is not None and m.diagnostics.scale_only:
-            lines.append(
-                "    (too few configurations: only a scale factor on the prior was fitted)"
-            )
-    else:
-        for name, value in zip(THETA_NAMES, m.theta, strict=True):
-            lines.append(f"    {name:<34} {value:.4g}")
-        lines.append(f"    {'gamma':<34} {m.gamma:.2f}   (every θ and γ fitted, none pinned)")
+    for name, value, pinned in zip(THETA_NAMES, m.theta, m.pinned, strict=True):
+        note = "   (pinned to the prior)" if pinned else ""
+        lines.append(f"    {name:<34} {value:.4g}{note}")
+    gamma_note = "pinned: not identifiable from these data" if m.gamma_pinned else "searched"
+    lines.append(f"    {'gamma':<34} {m.gamma:.2f}   ({gamma_note})")
+    searched = m.diagnostics is not None and m.diagnostics.overlap_searched
+    form = "overlap" if m.overlap else "additive" + ("" if searched else " (overlap not tried)")
+    lines.append(f"    {'form':<34} {form}")
+    if m.diagnostics is not None and m.diagnostics.scale_only:
+        lines.append("    (too few configurations: only a scale factor on the prior was fitted)")
     for part, obs in (("train", result.train), ("test", result.test)):
         errors = result.errors(obs)
         if errors:
@@ -795,12 +702,7 @@ def fit_summary(result: FitResult) -> dict[str, Any]:
     def config_list(obs: Sequence[Observation]) -> list[str]:
         return sorted({label(o.config) for o in obs})
 
-    m = result.model
-    model: dict[str, Any] = (
-        model_to_dict(m)
-        if isinstance(m, PerfModel)
-        else {"theta": dict(zip(THETA_NAMES, m.theta, strict=True)), "gamma": m.gamma}
-    )
+    model = model_to_dict(result.model)
     return {
         "form": result.form.name,
         "description": result.form.description,
@@ -1201,13 +1103,11 @@ def analyse(args: argparse.Namespace, csv_path: Path, files: dict[str, Path]) ->
     summary: dict[str, Any] = {"samples": str(csv_path), "split_seed": args.split_seed, "forms": []}
     for form in make_forms(args.forms, caps):
         result = fit_form(form, train, test)
-        if result is None:
-            continue
         print(describe(result))
         summary["forms"].append(fit_summary(result))
         if not args.no_plot:
             figure = Path(args.fig_dir) / f"{files['stem']}_{form.name}.png"
-            pinned = getattr(result.model, "gamma_pinned", False)
+            pinned = result.model.gamma_pinned
             gamma = f"γ={result.model.gamma:.2f}" + (" pinned" if pinned else "")
             title = (
                 f"{model_name} model, form {form.name} ({gamma}): MAPE "
@@ -1279,9 +1179,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--forms",
         type=lambda s: [f.strip() for f in s.split(",") if f.strip()],
-        default=["v1", "v2", "pipelined"],
-        help="model forms to fit, of v1, v2, pipelined, capped (default v1,v2,pipelined; "
-        "capped needs --caps)",
+        default=["v1", "v2", "v3"],
+        help="model forms to fit, of v1, v2, v3, capped (default v1,v2,v3; capped needs --caps)",
     )
     parser.add_argument(
         "--caps",

@@ -45,8 +45,11 @@ it to --output atomically. Coefficients the samples cannot identify (all samples
 count, say) are pinned to the built-in prior; with fewer than 3 distinct configurations only a
 scale factor on the prior is fitted. γ is searched in [1, 2] when the samples can identify it
 (at least 6 distinct configurations, two or more ratios w/p, one configuration to spare) and is
-1 otherwise; it moves from 1 only if that lowers the relative RMSE by more than 5%. Prints the
-coefficients, γ and the fit diagnostics as JSON.
+1 otherwise; it moves from 1 only if that lowers the relative RMSE by more than 5%. With at
+least 6 distinct configurations the overlap form, T = θ0 + max(worker, PS) + θ4·p (a worker that
+computes while its PS serve the next lookups), is fitted too and kept if it lowers the relative
+RMSE by more than 20%, each branch binding at 2 configurations or more; "overlap" in the output
+says which form was kept. Prints the coefficients, γ, the form and the fit diagnostics as JSON.
 
 The samples file is CSV with exactly these header columns (any order):
     {",".join(CSV_COLUMNS)}
@@ -161,6 +164,13 @@ def load_model(path: str) -> PerfModel:
     return model_from_dict(data, path)
 
 
+def _form_text(model: PerfModel) -> str:
+    if model.overlap:
+        return "overlap"
+    searched = model.diagnostics is not None and model.diagnostics.overlap_searched
+    return "additive" if searched else "additive (overlap not tried: too few configurations)"
+
+
 def _run_fit(args: argparse.Namespace) -> int:
     observations = observations_from_csv(read_text(args.samples), args.samples)
     if not observations:
@@ -171,10 +181,12 @@ def _run_fit(args: argparse.Namespace) -> int:
     diagnostics = model.diagnostics
     if diagnostics is not None:
         log.info(
-            "fitted %d samples (%d configurations) -> %s: relative RMSE %.3f, gamma %.2f (%s)%s",
+            "fitted %d samples (%d configurations) -> %s: %s form, relative RMSE %.3f, "
+            "gamma %.2f (%s)%s",
             diagnostics.n_observations,
             diagnostics.n_configs,
             args.output,
+            _form_text(model),
             diagnostics.rmse_relative,
             model.gamma,
             "searched" if diagnostics.gamma_identifiable else "pinned: not identifiable here",

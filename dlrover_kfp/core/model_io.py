@@ -19,11 +19,17 @@ from dlrover_kfp.core.quantity import parse_cpu
 from dlrover_kfp.errors import UserInputError
 
 #: The model file's ``form``: bumps when the equation (not just the coefficients) changes.
-#: v2 added the contention exponent γ (the ``gamma`` key).
-FORM = "dlrover-kfp/ps-async-v2"
+#: v2 added the contention exponent γ (the ``gamma`` key); v3 the overlap form (the ``overlap``
+#: key, and ``diagnostics.overlap_searched``).
+FORM = "dlrover-kfp/ps-async-v3"
 
-#: The previous form, without γ: still read, as a model with γ = 1 (which is what it meant).
+#: The previous forms, still read: v2 (with γ) and v1 (without, so γ = 1, which is what it
+#: meant). Both describe the additive equation, so they are read with ``overlap`` false.
+FORM_V2 = "dlrover-kfp/ps-async-v2"
 FORM_V1 = "dlrover-kfp/ps-async-v1"
+
+#: Key of the equation's form in a v3 file: true for the overlap form.
+OVERLAP_NAME = "overlap"
 
 #: Key of γ in model files: the value at the top level, its flags in ``pinned`` and in
 #: ``diagnostics.identifiable`` next to the θ names.
@@ -33,10 +39,11 @@ GAMMA_NAME = "gamma"
 CSV_COLUMNS: tuple[str, ...] = ("workers", "ps", "worker_cpu", "ps_cpu", "batch_size", "throughput")
 
 # ---------------------------------------------------------------------------------------------
-# Model files: {"form": FORM, "theta": {name: value}, "gamma": γ, "pinned": {name: bool},
-# "diagnostics": ...}; the flags of γ sit next to the θ's under the name "gamma".
+# Model files: {"form": FORM, "theta": {name: value}, "gamma": γ, "overlap": bool,
+# "pinned": {name: bool}, "diagnostics": ...}; the flags of γ sit next to the θ's under the
+# name "gamma".
 
-#: The flags' keys in a v2 file (in ``pinned`` and ``diagnostics.identifiable``).
+#: The flags' keys in a v2 or v3 file (in ``pinned`` and ``diagnostics.identifiable``).
 _FLAG_NAMES: tuple[str, ...] = (*THETA_NAMES, GAMMA_NAME)
 
 
@@ -57,11 +64,13 @@ def model_to_dict(model: PerfModel) -> dict[str, Any]:
                 zip(_FLAG_NAMES, (*d.identifiable, d.gamma_identifiable), strict=True)
             ),
             "scale_only": d.scale_only,
+            "overlap_searched": d.overlap_searched,
         }
     return {
         "form": FORM,
         "theta": dict(zip(THETA_NAMES, model.theta, strict=True)),
         GAMMA_NAME: model.gamma,
+        OVERLAP_NAME: model.overlap,
         "pinned": dict(zip(_FLAG_NAMES, (*model.pinned, model.gamma_pinned), strict=True)),
         "diagnostics": diagnostics,
     }
@@ -109,9 +118,12 @@ def _named_flags(value: object, source: str, key: str, names: Sequence[str]) -> 
     return tuple(_flag(flags[name], source, f"{key}.{name}") for name in names)
 
 
-def _diagnostics_from_dict(value: object, source: str, names: Sequence[str]) -> FitDiagnostics:
-    """``names``: the keys of ``identifiable``; a v1 file has no γ, which was then not fitted."""
-    fields = (
+def _diagnostics_from_dict(
+    value: object, source: str, names: Sequence[str], *, with_overlap: bool
+) -> FitDiagnostics:
+    """``names``: the keys of ``identifiable``; a v1 file has no γ, which was then not fitted.
+    ``with_overlap``: a v3 file, which says whether the overlap form was searched."""
+    fields: tuple[str, ...] = (
         "n_observations",
         "n_configs",
         "rmse_relative",
@@ -121,6 +133,8 @@ def _diagnostics_from_dict(value: object, source: str, names: Sequence[str]) -> 
         "identifiable",
         "scale_only",
     )
+    if with_overlap:
+        fields = (*fields, "overlap_searched")
     data = _mapping(value, source, "diagnostics")
     _exact_keys(data, fields, source, "diagnostics")
     identifiable = _named_flags(data["identifiable"], source, "diagnostics.identifiable", names)
@@ -148,14 +162,17 @@ def _diagnostics_from_dict(value: object, source: str, names: Sequence[str]) -> 
         identifiable=identifiable[:N_THETA],
         scale_only=_flag(data["scale_only"], source, "diagnostics.scale_only"),
         gamma_identifiable=len(identifiable) > N_THETA and identifiable[N_THETA],
+        overlap_searched=with_overlap
+        and _flag(data["overlap_searched"], source, "diagnostics.overlap_searched"),
     )
 
 
 def model_from_dict(data: object, source: str) -> PerfModel:
     """Validate a parsed model file; errors name ``source`` and the offending key.
 
-    Reads :data:`FORM` and the older :data:`FORM_V1`, which has no ``gamma``: its equation is
-    the one with γ = 1, so it is read as such, with γ marked pinned (it was not fitted).
+    Reads :data:`FORM` and the older :data:`FORM_V2` and :data:`FORM_V1`, both of the additive
+    equation (``overlap`` false). A v1 file has no ``gamma``: its equation is the one with
+    γ = 1, so it is read as such, with γ marked pinned (it was not fitted).
     """
     root = _mapping(data, source, "(top level)")
     if "form" not in root:
@@ -163,34 +180,43 @@ def model_from_dict(data: object, source: str) -> PerfModel:
     form = root["form"]
     if form == FORM:
         names: tuple[str, ...] = _FLAG_NAMES
-        _exact_keys(root, ("form", "theta", GAMMA_NAME, "pinned", "diagnostics"), source, "")
+        keys: tuple[str, ...] = ("form", "theta", GAMMA_NAME, OVERLAP_NAME, "pinned")
+    elif form == FORM_V2:
+        names = _FLAG_NAMES
+        keys = ("form", "theta", GAMMA_NAME, "pinned")
     elif form == FORM_V1:
         names = THETA_NAMES
-        _exact_keys(root, ("form", "theta", "pinned", "diagnostics"), source, "")
+        keys = ("form", "theta", "pinned")
     else:
         raise UserInputError(
-            f"{source}: key form: expected {FORM!r} (or the older {FORM_V1!r}), got {form!r}"
+            f"{source}: key form: expected {FORM!r} (or the older {FORM_V2!r} or "
+            f"{FORM_V1!r}), got {form!r}"
         )
+    _exact_keys(root, (*keys, "diagnostics"), source, "")
     theta_map = _mapping(root["theta"], source, "theta")
     _exact_keys(theta_map, THETA_NAMES, source, "theta")
     values = [_number(theta_map[n], source, f"theta.{n}", minimum=0) for n in THETA_NAMES]
     if not any(v > 0 for v in values):
         raise UserInputError(f"{source}: key theta: at least one coefficient must be positive")
     gamma = 1.0
-    if form == FORM:
+    if GAMMA_NAME in keys:
         gamma = _number(root[GAMMA_NAME], source, GAMMA_NAME)
         if gamma <= 0:
             raise UserInputError(f"{source}: key {GAMMA_NAME}: must be > 0, got {gamma!r}")
+    overlap = OVERLAP_NAME in keys and _flag(root[OVERLAP_NAME], source, OVERLAP_NAME)
     pinned = _named_flags(root["pinned"], source, "pinned", names)
     diagnostics = None
     if root["diagnostics"] is not None:
-        diagnostics = _diagnostics_from_dict(root["diagnostics"], source, names)
+        diagnostics = _diagnostics_from_dict(
+            root["diagnostics"], source, names, with_overlap=form == FORM
+        )
     return PerfModel(
         theta=(values[0], values[1], values[2], values[3], values[4]),
         pinned=pinned[:N_THETA],
         diagnostics=diagnostics,
         gamma=gamma,
         gamma_pinned=len(pinned) == N_THETA or pinned[N_THETA],
+        overlap=overlap,
     )
 
 

@@ -16,6 +16,22 @@ linear in ``θ ≥ 0``, so measured throughputs turn into a non-negative least-s
 ``T``, would decide the fit and the fast ones, which the planner cares about, would not count.
 γ is chosen by a grid search around that NNLS, one solve per candidate.
 
+The overlap form. The sum above charges a step for the worker's compute *and* for the PS's
+service of it, which is right for a worker that waits for its rows before computing. This
+project's worker does not: it sends step n+1's lookups before step n's forward pass
+(training/step.py, "Pipelining"), so the PS serve one step while the worker computes another,
+and a step costs the slower of the two:
+
+    T = θ0 + max(θ1·B/λw, θ2·(w/p)^γ·B/λp + θ3·(w/p)) + θ4·p
+
+Measured on the real trainer (docs/resource-model-fit.md), the sum misses PS-bound shapes by up
+to 49%, the max by at most 15%. The max is piecewise linear: once each observation is assigned
+to the branch that binds (worker-bound or PS-bound), ``T`` is linear in θ again. The fit
+alternates NNLS on an assignment with re-assigning each observation to the branch its fitted
+model says is larger, from several starting assignments, and keeps the overlap model only when
+it beats the additive one by a margin (see :class:`FitSettings`). A model says which form it is
+(``PerfModel.overlap``); model files record it (form v3).
+
 Coefficients the data cannot tell apart (every sample at the same ``p``, say, makes ``θ4·p``
 indistinguishable from ``θ0``) are pinned to a prior instead of being fitted to noise, as Pollux
 does; with too few distinct configurations only a scale factor on the prior is fitted. γ is
@@ -27,6 +43,7 @@ This module is pure: no I/O; it imports only numpy/scipy, the core package and t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -57,6 +74,9 @@ FIT_PRIORITY: tuple[int, ...] = (1, 2, 0, 3, 4)
 
 Theta = tuple[float, float, float, float, float]
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+#: An overlap fit found by :func:`_fit_overlap`: (objective, θ, which rows are PS-bound).
+_Candidate = tuple[float, FloatArray, BoolArray]
 
 
 @dataclass(frozen=True)
@@ -71,7 +91,8 @@ class FitDiagnostics:
     too few for a per-coefficient fit and only a factor on the prior was fitted.
     ``gamma_identifiable`` says whether γ was searched (see :class:`FitSettings`); when false it
     is the prior's. It can be true with γ = 1: the search ran and nothing beat γ = 1 by the
-    margin.
+    margin. ``overlap_searched`` says whether the overlap form was fitted and compared with the
+    additive one (see :class:`FitSettings`); the model's ``overlap`` says which one won.
     """
 
     n_observations: int
@@ -83,6 +104,7 @@ class FitDiagnostics:
     identifiable: tuple[bool, ...]
     scale_only: bool
     gamma_identifiable: bool
+    overlap_searched: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,7 +114,9 @@ class PerfModel:
     ``pinned[j]`` is true when θj was not fitted on its own but taken from the prior (possibly
     scaled, when ``diagnostics.scale_only``); ``gamma_pinned`` likewise for γ (taken from the
     prior, not searched). ``diagnostics`` is ``None`` for a model that was never fitted (the
-    prior). The default γ = 1 is the original, linear-contention form.
+    prior). The default γ = 1 is the original, linear-contention form. ``overlap`` selects the
+    equation: false is the additive form (worker and PS time add up), true the overlap form
+    (a step costs the larger of the two; see the module's docstring).
     """
 
     theta: Theta
@@ -100,6 +124,7 @@ class PerfModel:
     diagnostics: FitDiagnostics | None = None
     gamma: float = 1.0
     gamma_pinned: bool = False
+    overlap: bool = False
 
     def __post_init__(self) -> None:
         if len(self.theta) != N_THETA:
@@ -118,6 +143,8 @@ class PerfModel:
             raise ValueError(f"gamma: must be a number, got {self.gamma!r}")
         if not math.isfinite(self.gamma) or self.gamma <= 0:
             raise ValueError(f"gamma: must be finite and > 0, got {self.gamma!r}")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"overlap: must be true or false, got {self.overlap!r}")
 
     def iteration_time(self, config: Config, batch_size: int) -> float:
         """Seconds one worker spends on one batch of ``batch_size`` samples at ``config``."""
@@ -127,14 +154,13 @@ class PerfModel:
         w, p, b = float(config.workers), float(config.ps), float(batch_size)
         load = w / p
         contention = load if self.gamma == 1.0 else load**self.gamma
+        worker = t1 * b / config.worker_cpu
+        ps = t2 * contention * b / config.ps_cpu + t3 * load
+        if self.overlap:
+            # T = θ0 + max(θ1·B/λw, θ2·(w/p)^γ·B/λp + θ3·(w/p)) + θ4·p
+            return t0 + max(worker, ps) + t4 * p
         # T = θ0 + θ1·B/λw + θ2·(w/p)^γ·B/λp + θ3·(w/p) + θ4·p
-        return (
-            t0
-            + t1 * b / config.worker_cpu
-            + t2 * contention * b / config.ps_cpu
-            + t3 * load
-            + t4 * p
-        )
+        return t0 + worker + ps + t4 * p
 
     def throughput(self, config: Config, batch_size: int) -> float:
         """Samples/s of the whole job: ``X = w·B / T``."""
@@ -170,8 +196,12 @@ class PerfModel:
         load = w / p
         # A power costs several multiplications per element: skip it for the linear form.
         contention = load if self.gamma == 1.0 else load**self.gamma
-        # T = θ0 + θ1·B/λw + θ2·(w/p)^γ·B/λp + θ3·(w/p) + θ4·p, without building an (n, 5) matrix
-        iteration = t0 + t1 * b / lw + t2 * contention * b / lp + t3 * load + t4 * p
+        worker = t1 * b / lw
+        ps = t2 * contention * b / lp + t3 * load
+        # Additive: T = θ0 + θ1·B/λw + θ2·(w/p)^γ·B/λp + θ3·(w/p) + θ4·p
+        # Overlap:  T = θ0 + max(θ1·B/λw, θ2·(w/p)^γ·B/λp + θ3·(w/p)) + θ4·p
+        # (without building an (n, 5) matrix)
+        iteration = t0 + (np.maximum(worker, ps) if self.overlap else worker + ps) + t4 * p
         # X = w·B / T
         result: FloatArray = w * b / iteration
         return result
@@ -219,6 +249,23 @@ class FitSettings:
     moved in 17 of 100 fits of twelve configurations and 30 of 100 of eight (docs/model.md,
     experiment 4). Margins of 10-20% did no better there and lost some of the gain where the
     contention is real.
+
+    ``overlap``: also fit the overlap form (the module's docstring) and keep it when it wins.
+    ``overlap_margin``: it wins only if its relative RMSE is below ``1 − overlap_margin`` times
+    the additive fit's. Both forms have the same coefficients, but the overlap form also chooses
+    which observations are PS-bound, a discrete freedom that buys a little on noise alone.
+    ``min_configs_per_branch``: each branch of the max must bind at that many distinct
+    configurations or more; a branch that never binds leaves its coefficients free to be
+    anything below the other branch, which the planner would then extrapolate. The defaults
+    were chosen on held-out error (docs/model.md, experiment 5; docs/resource-model-fit.md):
+    on additive truths with 5% noise the additive form is kept in nearly every fit
+    (tests/unit/test_perf_model.py); requiring two PS-bound configurations instead of one, or a
+    margin of 20%, kept the additive form on the real trainer's 60/40 split, where the training
+    part has one PS-bound shape, and doubled its held-out error (5.0% -> 10.7%). The form is
+    tried only on full fits (not scale-only) with at least ``min_configs_for_exponent``
+    configurations, the same bar as γ's. ``overlap_starts``: how many starting assignments the
+    alternating fit tries; ``overlap_rounds``: how many re-assignments each may take. A fit of
+    12 configurations takes about 1 ms more than the additive fit alone, 50 about 2 ms.
     """
 
     min_configs_for_full_fit: int = 3
@@ -228,6 +275,11 @@ class FitSettings:
     max_exponent: float = 2.0
     exponent_step: float = 0.05
     exponent_margin: float = 0.05
+    overlap: bool = True
+    overlap_margin: float = 0.1
+    min_configs_per_branch: int = 1
+    overlap_starts: int = 5
+    overlap_rounds: int = 8
 
     def __post_init__(self) -> None:
         if self.min_configs_for_full_fit < 1:
@@ -251,6 +303,14 @@ class FitSettings:
             raise ValueError(f"exponent_step: must be finite and > 0, got {self.exponent_step}")
         if not 0 <= self.exponent_margin < 1:
             raise ValueError(f"exponent_margin: must be in [0, 1), got {self.exponent_margin}")
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"overlap: must be true or false, got {self.overlap!r}")
+        if not 0 <= self.overlap_margin < 1:
+            raise ValueError(f"overlap_margin: must be in [0, 1), got {self.overlap_margin}")
+        for name in ("min_configs_per_branch", "overlap_starts", "overlap_rounds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
 
     def exponent_grid(self) -> FloatArray:
         """The candidate γ: 1, 1 + step, ... up to ``max_exponent`` (1 alone when that is 1)."""
@@ -398,27 +458,27 @@ def _identifiable(weighted: FloatArray, tolerance: float, max_free: int) -> tupl
     return tuple(admitted)
 
 
-def _relative_residuals(theta: FloatArray, columns: FloatArray, t_obs: FloatArray) -> FloatArray:
-    """``(X_pred - X_obs) / X_obs``, which equals ``T_obs / T_pred - 1`` since X = w·B/T."""
-    t_pred = columns @ theta
-    residuals: FloatArray = t_obs / t_pred - 1.0
-    return residuals
+def _predicted_times(model: PerfModel, data: _Design) -> FloatArray:
+    """``T_pred`` of every observation under ``model``, whichever its form."""
+    w, p, lw, lp, b = data.rows.T
+    times: FloatArray = w * b / model.throughput_many(w, p, lw, lp, b)
+    return times
 
 
-def _diagnostics(
-    theta: FloatArray,
-    columns: FloatArray,
-    t_obs: FloatArray,
+def _with_diagnostics(
+    model: PerfModel,
+    data: _Design,
     *,
-    n_configs: int,
     identifiable: tuple[bool, ...],
     scale_only: bool,
     gamma_identifiable: bool,
-) -> FitDiagnostics:
-    residuals = _relative_residuals(theta, columns, t_obs)
-    return FitDiagnostics(
-        n_observations=len(t_obs),
-        n_configs=n_configs,
+    overlap_searched: bool,
+) -> PerfModel:
+    # (X_pred − X_obs) / X_obs = T_obs / T_pred − 1, since X = w·B/T.
+    residuals = data.t_obs / _predicted_times(model, data) - 1.0
+    diagnostics = FitDiagnostics(
+        n_observations=len(residuals),
+        n_configs=data.n_configs,
         rmse_relative=float(np.sqrt(np.mean(residuals**2))),
         mape=float(np.mean(np.abs(residuals))),
         max_abs_relative_residual=float(np.max(np.abs(residuals))),
@@ -426,7 +486,9 @@ def _diagnostics(
         identifiable=identifiable,
         scale_only=scale_only,
         gamma_identifiable=gamma_identifiable,
+        overlap_searched=overlap_searched,
     )
+    return dataclasses.replace(model, diagnostics=diagnostics)
 
 
 def fit(
@@ -441,13 +503,18 @@ def fit(
     observation counts the same whatever its speed. Repeated observations of one configuration
     simply average their noise. Zero observations return ``prior`` unchanged; fewer distinct
     configurations than ``settings.min_configs_for_full_fit`` (or no identifiable column) fit
-    only ``T = s·T_prior``; so does a fit whose pinned part alone overshoots some observations
-    when the scale fit matches the data better.
+    only ``T = s·T_prior`` (in the prior's form); so does a fit whose pinned part alone
+    overshoots some observations when the scale fit matches the data better.
 
     γ starts at the prior's. When the data can identify it (see :class:`FitSettings`), every
     candidate of ``settings.exponent_grid()`` is tried with the same free coefficients, one NNLS
     each, and the best replaces the prior's γ if it lowers the relative RMSE by more than
     ``settings.exponent_margin``.
+
+    The additive form is fitted first. When ``settings.overlap`` and the data allow it, the
+    overlap form is fitted too (same free coefficients, same γ rule; see :func:`_fit_overlap`)
+    and replaces the additive model if its relative RMSE is lower by more than
+    ``settings.overlap_margin``.
 
     Raises ``ValueError`` naming the field when an observation is non-positive or non-finite.
     """
@@ -468,25 +535,28 @@ def fit(
     )
 
     # Scale-only: T = s·T_prior, s minimising Σ (s·u_i − 1)² with u_i = T_prior_i / T_obs_i.
-    u = weighted @ prior_theta
-    scaled = prior_theta * float((u @ ones) / (u @ u))
-    scale_model = PerfModel(
-        theta=_as_theta(scaled),
-        pinned=(True,) * N_THETA,
-        diagnostics=_diagnostics(
-            scaled,
-            columns,
-            t_obs,
-            n_configs=n_configs,
+    # Scaling every θ scales both branches of the overlap form alike, so this holds for both.
+    u = _predicted_times(dataclasses.replace(prior, diagnostics=None), data) / t_obs
+    scale = float((u @ ones) / (u @ u))
+
+    def scale_model() -> PerfModel:
+        return _with_diagnostics(
+            PerfModel(
+                theta=_as_theta(prior_theta * scale),
+                pinned=(True,) * N_THETA,
+                gamma=prior.gamma,
+                gamma_pinned=True,
+                overlap=prior.overlap,
+            ),
+            data,
             identifiable=identifiable,
             scale_only=True,
             gamma_identifiable=False,
-        ),
-        gamma=prior.gamma,
-        gamma_pinned=True,
-    )
+            overlap_searched=False,
+        )
+
     if n_configs < settings.min_configs_for_full_fit or not any(identifiable):
-        return scale_model
+        return scale_model()
 
     free = np.array(identifiable)
     # Pinned coefficients keep the prior's value; their contribution leaves the target. θ2's
@@ -502,31 +572,179 @@ def fit(
         best = _search_exponent(free_columns, k, data.load, target, prior.gamma, rnorm, settings)
         if best is not None:
             gamma, solution, rnorm = best
-            columns = data.columns(gamma)
     theta = prior_theta.copy()
     theta[free] = solution
-    # When the pinned part of the prior alone overshoots observations (a prior from a heavier
-    # job, say), the free coefficients cannot pull the fit back below it, since θ ≥ 0; the
-    # scale fit can shrink the prior, so it wins if it then matches the data better. rnorm² is
-    # the fit's objective, Σ ((T_pred − T_obs) / T_obs)², at the chosen γ.
-    overshoot = bool(np.any(target < 0))
-    if not np.any(theta > 0) or (overshoot and rnorm**2 > _sse(scaled, weighted)):
-        return scale_model
-    return PerfModel(
+    additive = PerfModel(
         theta=_as_theta(theta),
         pinned=tuple(not f for f in identifiable),
-        diagnostics=_diagnostics(
-            theta,
-            columns,
-            t_obs,
-            n_configs=n_configs,
-            identifiable=identifiable,
-            scale_only=False,
-            gamma_identifiable=gamma_identifiable,
-        ),
         gamma=gamma,
         gamma_pinned=not gamma_identifiable,
     )
+    overlap_searched = (
+        settings.overlap
+        and n_configs >= settings.min_configs_for_exponent
+        and n_configs >= 2 * settings.min_configs_per_branch
+    )
+    # rnorm² is the additive fit's objective, Σ ((T_pred − T_obs) / T_obs)², at its γ.
+    chosen, objective = additive, rnorm**2
+    if overlap_searched:
+        overlap = _fit_overlap(data, free, prior_theta, prior.gamma, gamma_identifiable, settings)
+        # Compared on the same objective, as RMSEs: the margin is a fraction of the RMSE.
+        if overlap is not None and math.sqrt(overlap[1]) < (
+            1.0 - settings.overlap_margin
+        ) * math.sqrt(objective):
+            chosen = dataclasses.replace(overlap[0], pinned=additive.pinned)
+            objective = overlap[1]
+    # When the pinned part of the prior alone overshoots observations (a prior from a heavier
+    # job, say), the free coefficients cannot pull the fit back below it, since θ ≥ 0; the
+    # scale fit can shrink the prior, so it wins if it then matches the data better.
+    overshoot = bool(np.any(target < 0))
+    if overshoot and objective > float(np.sum((scale * u - 1.0) ** 2)):
+        return scale_model()
+    return _with_diagnostics(
+        chosen,
+        data,
+        identifiable=identifiable,
+        scale_only=False,
+        gamma_identifiable=gamma_identifiable,
+        overlap_searched=overlap_searched,
+    )
+
+
+def _fit_overlap(
+    data: _Design,
+    free: BoolArray,
+    prior_theta: FloatArray,
+    prior_gamma: float,
+    search_gamma: bool,
+    settings: FitSettings,
+) -> tuple[PerfModel, float] | None:
+    """The overlap form fitted by alternating assignment and NNLS, with its objective
+    ``Σ ((T_pred − T_obs) / T_obs)²``; ``None`` if no fit qualifies.
+
+    For a fixed assignment of observations to the branch that binds, the overlap equation is
+    linear: a PS-bound row keeps the columns of θ0, θ2, θ3, θ4, a worker-bound row those of θ0,
+    θ1, θ4. So: solve that NNLS, re-assign each row to the branch the solution makes larger,
+    repeat until the assignment is stable (k-planes; each step is evaluated on the true max).
+    The starts: every row whose ratio of PS column to worker column is above a threshold is
+    PS-bound, for thresholds spread over the observed ratios (the PS branch outgrows the worker
+    branch as that ratio grows, whatever θ2/θ1 is), plus all rows worker-bound. γ, when
+    searched, is walked over the grid from the best assignment at the prior's γ (a continuation:
+    each γ starts from its neighbour's assignment) and moves by the same margin rule as in the
+    additive fit. Only models whose branches each bind at ``settings.min_configs_per_branch``
+    distinct configurations or more qualify.
+    """
+    # One row per distinct configuration: its observations share the columns, and for column
+    # vector a and observed times t_i,
+    #   Σ_i (a·θ/t_i − 1)² = (h·a·θ − g)² + n − g²,  h = sqrt(Σ 1/t_i²),  g = Σ (1/t_i) / h,
+    # so the collapsed row h·a with target g has the same objective up to a constant. It also
+    # makes "binds at k configurations" a count of rows.
+    configs, inverse = np.unique(data.rows, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    inv_t = 1.0 / data.t_obs
+    h = np.sqrt(np.bincount(inverse, weights=inv_t**2))
+    g = np.bincount(inverse, weights=inv_t) / h
+    constant = float(len(inv_t) - np.sum(g**2))
+    w, p, lw, lp, b = configs.T
+    pinned_theta = prior_theta[~free]
+
+    base = _columns(w, p, lw, lp, b, prior_gamma) * h[:, None]
+    log_load = np.log(w / p)
+
+    def design(gamma: float) -> FloatArray:
+        # Only θ2's column depends on γ: (w/p)^γ = (w/p)^γ0 · exp((γ − γ0)·log(w/p)).
+        if gamma == prior_gamma:
+            return base
+        rows = base.copy()
+        rows[:, _CONTENTION] *= np.exp((gamma - prior_gamma) * log_load)
+        return rows
+
+    def qualifies(ps_bound: BoolArray) -> bool:
+        n_ps = int(np.count_nonzero(ps_bound))
+        return min(n_ps, len(ps_bound) - n_ps) >= settings.min_configs_per_branch
+
+    def solve(rows: FloatArray, ps_bound: BoolArray) -> FloatArray:
+        # A worker-bound row drops the PS branch's columns, a PS-bound one the worker's.
+        assigned = rows.copy()
+        assigned[ps_bound, 1] = 0.0
+        assigned[~ps_bound, 2:4] = 0.0
+        solution, _ = nnls(assigned[:, free], g - assigned[:, ~free] @ pinned_theta)
+        theta = prior_theta.copy()
+        theta[free] = solution
+        return theta
+
+    def evaluate(rows: FloatArray, theta: FloatArray) -> tuple[float, BoolArray]:
+        # The true max, whatever the assignment the θ came from.
+        worker = rows[:, 1] * theta[1]
+        ps = rows[:, 2] * theta[2] + rows[:, 3] * theta[3]
+        predicted = rows[:, 0] * theta[0] + np.maximum(worker, ps) + rows[:, 4] * theta[4]
+        return float(np.sum((predicted - g) ** 2)) + constant, ps > worker
+
+    def descend(rows: FloatArray, start: BoolArray, seen: set[bytes]) -> _Candidate | None:
+        best: _Candidate | None = None
+        assignment = start
+        for _ in range(settings.overlap_rounds):
+            key = assignment.tobytes()
+            if key in seen:
+                break
+            seen.add(key)
+            theta = solve(rows, assignment)
+            sse, binds = evaluate(rows, theta)
+            if qualifies(binds) and (best is None or sse < best[0]):
+                best = (sse, theta, binds)
+            if np.array_equal(binds, assignment):
+                break
+            assignment = binds
+        return best
+
+    rows = design(prior_gamma)
+    ratio = rows[:, 2] / rows[:, 1]
+    levels = np.unique(ratio)
+    picks = np.unique(np.linspace(0, len(levels) - 1, settings.overlap_starts).round().astype(int))
+    starts = [ratio >= levels[i] for i in picks] + [np.zeros(len(ratio), dtype=bool)]
+    seen: set[bytes] = set()
+    found_at_prior = [c for c in (descend(rows, start, seen) for start in starts) if c is not None]
+    if not found_at_prior:
+        return None
+    at_prior = min(found_at_prior, key=lambda c: c[0])
+    best, gamma = at_prior, prior_gamma
+    if search_gamma:
+        grid = [float(g) for g in settings.exponent_grid()]
+
+        def at(index: int, start: BoolArray) -> _Candidate | None:
+            if abs(grid[index] - prior_gamma) < 1e-12:
+                return at_prior
+            return descend(design(grid[index]), start, set())
+
+        # Coarse to fine, to keep a decision within the planner's budget: every fourth γ of
+        # the grid, each starting from its neighbour's assignment, then the grid points two
+        # and one step beside the best so far (10 solves instead of 21 for the default grid).
+        stride = 4
+        coarse = sorted({*range(0, len(grid), stride), len(grid) - 1})
+        found: dict[int, _Candidate] = {}
+        previous = at_prior
+        for index in coarse:
+            candidate = at(index, previous[2])
+            if candidate is not None:
+                found[index] = previous = candidate
+        if found:
+            while stride > 1:
+                stride //= 2
+                centre = min(found, key=lambda i: found[i][0])
+                for index in (centre - stride, centre + stride):
+                    if 0 <= index < len(grid) and index not in found:
+                        candidate = at(index, found[centre][2])
+                        if candidate is not None:
+                            found[index] = candidate
+            chosen = min(found, key=lambda i: found[i][0])
+            if math.sqrt(found[chosen][0]) < (1.0 - settings.exponent_margin) * math.sqrt(
+                at_prior[0]
+            ):
+                best, gamma = found[chosen], grid[chosen]
+    model = PerfModel(
+        theta=_as_theta(best[1]), gamma=gamma, gamma_pinned=not search_gamma, overlap=True
+    )
+    return model, best[0]
 
 
 def _exponent_identifiable(
@@ -575,11 +793,6 @@ def _search_exponent(
     if best is None or best_rnorm >= (1.0 - settings.exponent_margin) * reference_rnorm:
         return None
     return best
-
-
-def _sse(theta: FloatArray, weighted: FloatArray) -> float:
-    """The fit's objective: Σ ((T_pred − T_obs) / T_obs)²."""
-    return float(np.sum((weighted @ theta - 1.0) ** 2))
 
 
 def _as_theta(values: FloatArray) -> Theta:

@@ -120,6 +120,7 @@ def test_predict_reads_a_v1_model_file_as_gamma_one(
     data = json.loads(model_file.read_text(encoding="utf-8"))
     data["form"] = FORM_V1
     del data["gamma"], data["pinned"]["gamma"], data["diagnostics"]["identifiable"]["gamma"]
+    del data["overlap"], data["diagnostics"]["overlap_searched"]
     model_file.write_text(json.dumps(data), encoding="utf-8")
     argv = ["model", "predict", "--model", str(model_file), "--workers", "12", "--ps", "3"]
     argv += ["--worker-cpu", "8", "--ps-cpu", "4000m", "--batch-size", "512"]

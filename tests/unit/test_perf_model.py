@@ -18,11 +18,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from scipy.optimize import nnls
 
 from dlrover_kfp.core.model_io import (
     FORM,
     FORM_V1,
+    FORM_V2,
     GAMMA_NAME,
+    OVERLAP_NAME,
     model_from_dict,
     model_to_dict,
     observations_from_csv,
@@ -56,6 +59,10 @@ TRUE = PerfModel(theta=(1e-3, 2.5e-5, 7e-6, 8e-4, 1e-4))
 CONTENDED = dataclasses.replace(TRUE, theta=(1e-3, 2.5e-5, 4e-6, 8e-4, 1e-4), gamma=1.4)
 #: γ never searched: the original, linear-contention form.
 GAMMA_ONE = FitSettings(max_exponent=1.0)
+#: The overlap form, T = θ0 + max(worker, PS) + θ4·p, with coefficients of the size measured on
+#: the real trainer (docs/resource-model-fit.md): ~18 µs·core per sample on a worker, ~4 µs on
+#: a PS, ~0.8 ms per request.
+PIPELINED = PerfModel(theta=(5e-4, 1.8e-5, 4e-6, 8e-4, 5e-5), overlap=True)
 
 
 def _obs(w: int, p: int, lw: float, lp: float, x: float, *, b: int = 512) -> Observation:
@@ -96,7 +103,9 @@ def test_iteration_time_is_the_documented_equation(gamma: float) -> None:
     assert model.throughput(config, 256) == pytest.approx(6 * 256 / expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("model", [TRUE, CONTENDED], ids=["gamma=1", "gamma=1.4"])
+@pytest.mark.parametrize(
+    "model", [TRUE, CONTENDED, PIPELINED], ids=["gamma=1", "gamma=1.4", "overlap"]
+)
 def test_throughput_many_matches_scalar_and_broadcasts(model: PerfModel) -> None:
     rng = np.random.default_rng(0)
     w = rng.integers(1, 33, 200)
@@ -361,8 +370,11 @@ def test_contention_truth_fits_gamma_above_one() -> None:
 
 
 def test_fit_with_the_gamma_search_is_fast_enough_for_the_planner() -> None:
-    # Stage 2 fits on every decision, within 5 ms for the whole decision: 50 observations with
-    # the γ search (21 candidates, one NNLS each) take about half a millisecond.
+    # Stage 2 fits on every decision, within 5 ms for the whole decision. 50 distinct
+    # configurations (more than a decision sees) with the γ search (21 NNLS) and the overlap
+    # form (a dozen starting assignments and a coarse-to-fine γ walk, ~25 NNLS) took 2.5-3.5 ms
+    # on the 2-vCPU development VM, the additive form alone about 1 ms; twelve configurations,
+    # what benchmarks/planner_speed.py's decision sees, take about half of that.
     observations = bench._measure(
         bench.contention_truth,
         bench._random_configs(np.random.default_rng(1), 50),
@@ -374,7 +386,7 @@ def test_fit_with_the_gamma_search_is_fast_enough_for_the_planner() -> None:
         start = time.perf_counter()
         fit(observations)
         best = min(best, time.perf_counter() - start)
-    assert best < 0.0025
+    assert best < 0.005
 
 
 def _contention_at(configs: list[Config], seed: int = 11) -> list[Observation]:
@@ -543,6 +555,13 @@ def test_fit_settings_reject_nonsense() -> None:
         FitSettings(exponent_step=0.0)
     with pytest.raises(ValueError, match="exponent_margin"):
         FitSettings(exponent_margin=1.0)
+    with pytest.raises(ValueError, match="overlap_margin"):
+        FitSettings(overlap_margin=-0.1)
+    with pytest.raises(ValueError, match="overlap: must be true or false"):
+        FitSettings(overlap=1)  # type: ignore[arg-type]
+    for name in ("min_configs_per_branch", "overlap_starts", "overlap_rounds"):
+        with pytest.raises(ValueError, match=name):
+            FitSettings(**{name: 0})
 
 
 def test_exponent_grid() -> None:
@@ -572,11 +591,12 @@ def test_contention_truth_mape_on_unseen_configs_is_at_most_ten_percent() -> Non
 
 
 def test_contention_truth_with_eight_measurements() -> None:
-    # Eight measurements are not enough for every experiment: 3 of 30 stay above 10%
-    # (docs/model.md), so only the mean and the worst case are bounded here.
+    # Eight measurements are not enough for every experiment: 4 of 30 stay above 10%
+    # (docs/model.md), so only the mean and the worst case are bounded here. The overlap form
+    # wins 3 of these 30 fits on noise and costs the worst seed 12.2% -> 14.4% (experiment 5).
     mapes = [bench.contention_accuracy(seed=s, n_train=8).test_mape for s in range(30)]
     assert float(np.mean(mapes)) <= 7.0
-    assert max(mapes) <= 13.0
+    assert max(mapes) <= 15.0
 
 
 def test_truths_are_not_of_the_model_form() -> None:
@@ -634,6 +654,167 @@ def test_fitted_model_has_the_paper_curve_shapes(seed: int) -> None:
     assert min(ps[peak:]) >= 0.95 * ps[peak]
 
 
+# --- the overlap form ----------------------------------------------------------------------
+
+#: Shapes where PIPELINED's worker branch binds (many cores per PS, few per worker) and shapes
+#: where its PS branch does (many workers per thin PS): four of each, and some near the tie.
+OVERLAP_GRID = [
+    (1, 1, 0.5, 1.0),
+    (1, 1, 1.0, 1.0),
+    (2, 2, 0.75, 0.5),
+    (2, 1, 0.5, 2.0),
+    (4, 1, 1.0, 0.5),
+    (4, 1, 2.0, 0.25),
+    (3, 1, 1.5, 1.0),
+    (8, 2, 1.0, 0.5),
+    (6, 3, 1.0, 1.0),
+    (2, 1, 1.0, 1.0),
+]
+
+
+def _branches(model: PerfModel, configs: list[tuple[int, int, float, float]]) -> tuple[int, int]:
+    """(worker-bound, PS-bound) counts of ``configs`` under ``model``, from the equation."""
+    _, t1, t2, t3, _ = model.theta
+    ps_bound = 0
+    for w, p, lw, lp in configs:
+        worker = t1 * 512 / lw
+        ps = t2 * (w / p) ** model.gamma * 512 / lp + t3 * w / p
+        ps_bound += ps > worker
+    return len(configs) - ps_bound, ps_bound
+
+
+def test_overlap_iteration_time_is_the_documented_equation() -> None:
+    t0, t1, t2, t3, t4 = PIPELINED.theta
+    worker_bound = Config(workers=1, ps=1, worker_cpu=0.5, ps_cpu=1.0)
+    ps_bound = Config(workers=4, ps=1, worker_cpu=2.0, ps_cpu=0.25)
+    # T = θ0 + max(θ1·B/λw, θ2·(w/p)^γ·B/λp + θ3·(w/p)) + θ4·p
+    assert PIPELINED.iteration_time(worker_bound, 512) == pytest.approx(
+        t0 + t1 * 512 / 0.5 + t4, rel=1e-12
+    )
+    assert PIPELINED.iteration_time(ps_bound, 512) == pytest.approx(
+        t0 + t2 * 4 * 512 / 0.25 + t3 * 4 + t4, rel=1e-12
+    )
+    additive = dataclasses.replace(PIPELINED, overlap=False)
+    for config in (worker_bound, ps_bound):
+        assert additive.iteration_time(config, 512) > PIPELINED.iteration_time(config, 512)
+
+
+def test_fit_recovers_an_overlap_truth() -> None:
+    assert min(_branches(PIPELINED, OVERLAP_GRID)) >= 4
+    model = fit(_from_model(PIPELINED, OVERLAP_GRID))
+    assert model.overlap is True
+    assert model.theta == pytest.approx(PIPELINED.theta, rel=1e-6)
+    assert model.gamma == 1.0
+    assert model.diagnostics is not None and model.diagnostics.overlap_searched
+    assert model.diagnostics.max_abs_relative_residual < 1e-9
+
+
+def test_fit_recovers_an_overlap_truth_with_contention() -> None:
+    truth = dataclasses.replace(PIPELINED, theta=(5e-4, 1.8e-5, 2.5e-6, 8e-4, 5e-5), gamma=1.3)
+    configs = [*OVERLAP_GRID, (8, 4, 1.0, 0.5), (12, 3, 2.0, 1.0), (5, 5, 0.5, 0.5)]
+    assert min(_branches(truth, configs)) >= 4
+    model = fit(_from_model(truth, configs))
+    assert model.overlap is True
+    assert model.gamma == pytest.approx(1.3)
+    assert model.theta == pytest.approx(truth.theta, rel=1e-6)
+
+
+def test_additive_truths_stay_additive() -> None:
+    # TRUE and CONTENDED are of the additive form; noiseless, nothing about them is a max.
+    for truth in (TRUE, CONTENDED):
+        model = fit(_from_model(truth, SPREAD))
+        assert model.overlap is False
+        assert model.diagnostics is not None and model.diagnostics.overlap_searched
+
+
+def _noisy(
+    model: PerfModel, configs: list[tuple[int, int, float, float]], seed: int
+) -> list[Observation]:
+    rng = np.random.default_rng(seed)
+    return [
+        _obs(*c, model.throughput(Config(*c), 512) * math.exp(rng.normal(0, 0.05))) for c in configs
+    ]
+
+
+def test_the_form_is_chosen_right_under_noise_on_most_seeds() -> None:
+    # 5% log-normal noise, 300 seeds each. The margin keeps noise from buying the overlap form
+    # on additive data; the overlap form still wins on data of its own.
+    seeds = range(300)
+    # Measured: 0 of 300 for each additive truth, 299 of 300 for the overlap truth.
+    for truth in (TRUE, CONTENDED):
+        assert sum(fit(_noisy(truth, SPREAD, s)).overlap for s in seeds) <= 3
+    assert sum(fit(_noisy(PIPELINED, OVERLAP_GRID, s)).overlap for s in seeds) >= 291
+
+
+def test_the_alternating_fit_finds_the_best_assignment() -> None:
+    # Against brute force: every assignment of 8 configurations to the two branches (256), one
+    # NNLS each, judged on the true max. The alternating fit must reach the best objective.
+    configs = OVERLAP_GRID[:8]
+    settings = FitSettings(max_exponent=1.0, overlap_margin=0.0)
+    misses = 0
+    for seed in range(60):
+        observations = _noisy(PIPELINED, configs, seed)
+        model = fit(observations, settings=settings)
+        t_obs = np.array([o.config.workers * 512 / o.throughput for o in observations])
+        rows = np.array([(1.0, 512 / lw, w / p * 512 / lp, w / p, p) for w, p, lw, lp in configs])
+        weighted = rows / t_obs[:, None]
+        best = math.inf
+        for mask in range(1, 2**8 - 1):
+            ps_bound = np.array([(mask >> i) & 1 == 1 for i in range(8)])
+            a = weighted.copy()
+            a[ps_bound, 1] = 0.0
+            a[~ps_bound, 2:4] = 0.0
+            theta, _ = nnls(a, np.ones(8))
+            candidate = PerfModel(theta=tuple(theta), overlap=True)  # type: ignore[arg-type]
+            times = np.array([candidate.iteration_time(Config(*c), 512) for c in configs])
+            binds = sum(
+                1 for b in _branches(candidate, configs) if b >= settings.min_configs_per_branch
+            )
+            if binds == 2:
+                best = min(best, float(np.sum((times / t_obs - 1) ** 2)))
+        # The objective is in time, as the fit's: Σ ((T_pred − T_obs) / T_obs)².
+        times = np.array([model.iteration_time(Config(*c), 512) for c in configs])
+        achieved = float(np.sum((times / t_obs - 1) ** 2))
+        misses += achieved > best * (1 + 1e-6)
+    assert misses == 0
+
+
+def test_overlap_needs_a_configuration_on_each_branch() -> None:
+    # Data of the overlap form where the PS branch never binds: nothing says what θ2 and θ3
+    # are, so the max has nothing to add and the additive form (with θ2 = θ3 = 0) is kept.
+    configs = [(1, 1, 0.25, 1.0), (1, 1, 0.5, 2.0), (2, 2, 0.5, 1.0), (1, 2, 0.25, 1.0)]
+    configs += [(2, 1, 0.25, 4.0), (1, 1, 0.75, 4.0), (3, 3, 0.5, 2.0), (1, 1, 1.0, 2.0)]
+    assert _branches(PIPELINED, configs) == (8, 0)
+    assert fit(_from_model(PIPELINED, configs)).overlap is False
+    # One PS-bound configuration more, and the overlap form is identified and exact.
+    configs.append((8, 1, 4.0, 0.25))
+    assert _branches(PIPELINED, configs) == (8, 1)
+    model = fit(_from_model(PIPELINED, configs))
+    assert model.overlap is True
+    assert model.diagnostics is not None and model.diagnostics.max_abs_relative_residual < 1e-6
+    # With two required, one is not enough.
+    strict = fit(_from_model(PIPELINED, configs), settings=FitSettings(min_configs_per_branch=2))
+    assert strict.overlap is False
+
+
+def test_overlap_is_not_tried_when_switched_off_or_too_few_configurations() -> None:
+    data = _from_model(PIPELINED, OVERLAP_GRID)
+    off = fit(data, settings=FitSettings(overlap=False))
+    assert off.overlap is False
+    assert off.diagnostics is not None and not off.diagnostics.overlap_searched
+    few = fit(data[:5])
+    assert few.overlap is False
+    assert few.diagnostics is not None and not few.diagnostics.overlap_searched
+
+
+def test_a_scale_only_fit_keeps_the_priors_form() -> None:
+    data = _from_model(PIPELINED, OVERLAP_GRID[:2])
+    model = fit([dataclasses.replace(o, throughput=o.throughput / 2) for o in data], PIPELINED)
+    assert model.overlap is True
+    assert model.diagnostics is not None and model.diagnostics.scale_only
+    assert model.theta == pytest.approx(tuple(2 * t for t in PIPELINED.theta), rel=1e-9)
+
+
 # --- files ---------------------------------------------------------------------------------
 
 
@@ -641,18 +822,38 @@ def test_model_round_trips_through_json() -> None:
     fitted = fit(_from_model(TRUE, SPREAD))
     contended = fit(_from_model(CONTENDED, SPREAD))
     assert contended.gamma == pytest.approx(1.4)
-    for model in (fitted, contended, PRIOR, fit(_from_model(TRUE, SPREAD[:2]))):
+    pipelined = fit(_from_model(PIPELINED, OVERLAP_GRID))
+    assert pipelined.overlap
+    for model in (fitted, contended, pipelined, PRIOR, fit(_from_model(TRUE, SPREAD[:2]))):
         data = json.loads(json.dumps(model_to_dict(model)))
-        assert data["form"] == FORM == "dlrover-kfp/ps-async-v2"
+        assert data["form"] == FORM == "dlrover-kfp/ps-async-v3"
         assert list(data["theta"]) == list(THETA_NAMES)
         assert data[GAMMA_NAME] == model.gamma
+        assert data[OVERLAP_NAME] is model.overlap
         assert list(data["pinned"]) == [*THETA_NAMES, GAMMA_NAME]
         assert model_from_dict(data, "m.json") == model
 
 
+def _assert_rejected(data: dict[str, Any], mutate: Any, source: str, message: str) -> None:
+    """``mutate(data)`` makes a file that ``model_from_dict`` rejects with ``message``."""
+    mutate(data)
+    with pytest.raises(UserInputError) as info:
+        model_from_dict(data, source)
+    assert str(info.value).startswith(message)
+
+
+def _v2_dict() -> dict[str, Any]:
+    """A file written before the overlap form: no ``overlap`` key nor ``overlap_searched``."""
+    data = _valid_dict()
+    data["form"] = FORM_V2
+    del data[OVERLAP_NAME]
+    del data["diagnostics"]["overlap_searched"]
+    return data
+
+
 def _v1_dict() -> dict[str, Any]:
     """A file written before γ: no ``gamma`` key, flags for θ only."""
-    data = _valid_dict()
+    data = _v2_dict()
     data["form"] = FORM_V1
     del data[GAMMA_NAME]
     del data["pinned"][GAMMA_NAME]
@@ -671,8 +872,35 @@ def test_v1_model_files_are_read_with_gamma_one() -> None:
     assert model.diagnostics.residuals == fitted.diagnostics.residuals  # type: ignore[union-attr]
     config = Config(12, 3, 8.0, 4.0)
     assert model.throughput(config, 512) == fitted.throughput(config, 512)
-    # Written back, it is a v2 file.
+    # Written back, it is a v3 file.
     assert model_to_dict(model)["form"] == FORM
+
+
+def test_v2_model_files_are_read_as_the_additive_form() -> None:
+    fitted = fit(_from_model(CONTENDED, SPREAD))
+    data = json.loads(json.dumps(model_to_dict(fitted)))
+    data["form"] = FORM_V2
+    del data[OVERLAP_NAME], data["diagnostics"]["overlap_searched"]
+    model = model_from_dict(data, "v2.json")
+    assert model.overlap is False
+    assert model.diagnostics is not None and model.diagnostics.overlap_searched is False
+    assert (model.theta, model.gamma) == (fitted.theta, fitted.gamma)
+    config = Config(12, 3, 8.0, 4.0)
+    assert model.throughput(config, 512) == fitted.throughput(config, 512)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(overlap=True), "v2.json: key overlap: unknown key"),
+        (
+            lambda d: d["diagnostics"].update(overlap_searched=True),
+            "v2.json: key diagnostics.overlap_searched: unknown key",
+        ),
+    ],
+)
+def test_v2_model_files_cannot_carry_v3_keys(mutate: Any, message: str) -> None:
+    _assert_rejected(_v2_dict(), mutate, "v2.json", message)
 
 
 @pytest.mark.parametrize(
@@ -687,11 +915,7 @@ def test_v1_model_files_are_read_with_gamma_one() -> None:
     ],
 )
 def test_malformed_v1_model_files_name_source_and_key(mutate: Any, message: str) -> None:
-    data = _v1_dict()
-    mutate(data)
-    with pytest.raises(UserInputError) as info:
-        model_from_dict(data, "old.json")
-    assert str(info.value).startswith(message)
+    _assert_rejected(_v1_dict(), mutate, "old.json", message)
 
 
 def _valid_dict() -> dict[str, Any]:
@@ -707,6 +931,12 @@ def _valid_dict() -> dict[str, Any]:
         (lambda d: d.pop("gamma"), "m.json: key gamma: required key is missing"),
         (lambda d: d.update(gamma=0.0), "m.json: key gamma: must be > 0"),
         (lambda d: d.update(gamma="1.3"), "m.json: key gamma: expected a finite number"),
+        (lambda d: d.pop("overlap"), "m.json: key overlap: required key is missing"),
+        (lambda d: d.update(overlap="yes"), "m.json: key overlap: expected true or false"),
+        (
+            lambda d: d["diagnostics"].pop("overlap_searched"),
+            "m.json: key diagnostics.overlap_searched: required key is missing",
+        ),
         (
             lambda d: d["pinned"].pop("gamma"),
             "m.json: key pinned.gamma: required key is missing",
@@ -751,11 +981,7 @@ def _valid_dict() -> dict[str, Any]:
     ],
 )
 def test_malformed_model_files_name_source_and_key(mutate: Any, message: str) -> None:
-    data = _valid_dict()
-    mutate(data)
-    with pytest.raises(UserInputError) as info:
-        model_from_dict(data, "m.json")
-    assert str(info.value).startswith(message)
+    _assert_rejected(_valid_dict(), mutate, "m.json", message)
 
 
 def test_model_file_that_is_not_an_object_is_rejected() -> None:
