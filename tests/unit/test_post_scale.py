@@ -216,4 +216,4 @@ def test_growth_inside_a_full_quota_gives_up_workers() -> None:
     assert plan is not None
     assert plan.total_cpu <= CTX.quota_cpu
     assert plan.workers.count < 10
-    assert "given up for quota room" in plan.reason
+    assert "cut to the quota: 2 worker(s) given up" in plan.reason

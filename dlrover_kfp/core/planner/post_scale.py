@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from dlrover_kfp.core.plan import NodeAction, NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner.context import PlanningContext, clamp_cpu, clamp_memory
+from dlrover_kfp.core.planner.quota import fit_to_quota
 from dlrover_kfp.core.planner.settings import PlannerSettings, PostScaleSettings
 from dlrover_kfp.core.profile import JobEvent, NodeSample, RuntimeSample
 
@@ -315,14 +316,15 @@ def _role(node: str, latest: Mapping[str, NodeSample]) -> str:
 def _make_room(
     workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext
 ) -> tuple[NodeGroup, NodeGroup, str]:
-    """Give up workers until the plan fits the quota (never below the minimum)."""
-    fitted = ctx.workers_that_fit(workers, ps)
-    given_up = workers.count - fitted.count
-    note = f"; {given_up} worker(s) given up for quota room" if given_up else ""
-    if not ctx.fits(fitted, ps):
-        # Even the minimum does not fit: shrink the PS growth back to what fits.
-        cpu_room = (ctx.quota_cpu - fitted.total_cpu) / max(1, ps.count)
-        mem_room = (ctx.quota_memory_mb - fitted.total_memory_mb) // max(1, ps.count)
+    """Fit the grown plan into the quota (``quota.fit_to_quota``: workers first, then CPU;
+    a running job's PS are not dropped to make room). When even that is above the quota, the
+    PS growth is capped to the room left."""
+    fitted = fit_to_quota(workers, ps, ctx, drop_ps=False)
+    workers, ps = fitted.workers, fitted.ps
+    note = f"; {fitted.note()}" if fitted.cut else ""
+    if not fitted.fits:
+        cpu_room = (ctx.quota_cpu - workers.total_cpu) / max(1, ps.count)
+        mem_room = (ctx.quota_memory_mb - workers.total_memory_mb) // max(1, ps.count)
         ps = NodeGroup(
             count=ps.count,
             cpu=max(
@@ -332,4 +334,4 @@ def _make_room(
             memory_mb=int(min(ps.memory_mb, mem_room)),
         )
         note += "; quota exhausted: PS growth capped"
-    return fitted, ps, note
+    return workers, ps, note

@@ -31,7 +31,8 @@ from dlrover_kfp.core.planner.context import (
     clamp_cpu,
     clamp_memory,
 )
-from dlrover_kfp.core.planner.search import CpuBounds, InfeasiblePlanError, MemoryNeeds, search
+from dlrover_kfp.core.planner.quota import require_quota_fit
+from dlrover_kfp.core.planner.search import CpuBounds, MemoryNeeds, search
 from dlrover_kfp.core.planner.settings import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.core.summary import JobSummary
@@ -86,43 +87,19 @@ def cold_start(spec: JobSpec, ctx: PlanningContext, settings: PlannerSettings) -
     ):
         ps += 1
     ps_mb = clamp_memory(ctx.ps_memory_floor_mb(ps) * cs.memory_factor, ctx.node)
-    w_group, p_group = _fit_quota(
+    fitted = require_quota_fit(
         NodeGroup(count=workers, cpu=cpu, memory_mb=worker_mb),
         NodeGroup(count=ps, cpu=cpu, memory_mb=ps_mb),
         ctx,
     )
     return ResourcePlan(
-        workers=w_group,
-        ps=p_group,
+        workers=fitted.workers,
+        ps=fitted.ps,
         stage=Stage.COLD_START,
         reason=f"cold start: no similar jobs in history and no resources in the spec; "
-        f"a small default ({workers} workers, {ps} PS) for auto-scaling to grow",
+        f"a small default ({workers} workers, {ps} PS) for auto-scaling to grow"
+        + (f"; {fitted.note()}" if fitted.cut else ""),
         predicted_throughput=None,
-    )
-
-
-def _fit_quota(
-    workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext
-) -> tuple[NodeGroup, NodeGroup]:
-    """Shrink a plan into the quota: drop workers (down to the minimum), then shrink CPU of
-    every pod proportionally. Memory is never cut below what was planned: a pod without the
-    memory it needs dies, a pod with less CPU only runs slower."""
-    w_count = ctx.workers_that_fit(workers, ps).count
-    if w_count * workers.memory_mb + ps.total_memory_mb > ctx.quota_memory_mb:
-        raise InfeasiblePlanError(
-            f"the quota's memory ({ctx.quota_memory_mb}Mi) cannot hold {w_count} worker(s) of "
-            f"{workers.memory_mb}Mi and {ps.count} PS of {ps.memory_mb}Mi"
-        )
-    total_cpu = w_count * workers.cpu + ps.total_cpu
-    w_cpu, p_cpu = workers.cpu, ps.cpu
-    if total_cpu > ctx.quota_cpu + 1e-9:
-        scale = ctx.quota_cpu / total_cpu
-        step = ctx.node.cpu_step
-        w_cpu = max(ctx.node.min_cpu, math.floor(w_cpu * scale / step + 1e-9) * step)
-        p_cpu = max(ctx.node.min_cpu, math.floor(p_cpu * scale / step + 1e-9) * step)
-    return (
-        NodeGroup(count=w_count, cpu=w_cpu, memory_mb=workers.memory_mb),
-        NodeGroup(count=ps.count, cpu=p_cpu, memory_mb=ps.memory_mb),
     )
 
 
@@ -196,17 +173,17 @@ def warm_start(
     fewest_ps = min(j.ps.count for j in jobs)
     per_ps_peak = peak_p_mem * (1 + ws.ps_memory_margin) if cfg.ps <= fewest_ps else 0
     ps_mb = clamp_memory(max(memory.ps_mb(cfg.ps), per_ps_peak), node)
-    w_group, p_group = _fit_quota(
+    fitted = require_quota_fit(
         NodeGroup(count=cfg.workers, cpu=cfg.worker_cpu, memory_mb=worker_mb),
         NodeGroup(count=cfg.ps, cpu=max(cfg.ps_cpu, ps_cpu), memory_mb=ps_mb),
         ctx,
     )
+    w_group, p_group = fitted.workers, fitted.ps
     predicted = model.throughput(
         Config(w_group.count, p_group.count, w_group.cpu, p_group.cpu),
         ctx.batch_size,
     )
-    planned = (cfg.workers, cfg.worker_cpu, max(cfg.ps_cpu, ps_cpu))
-    squeezed = "" if (w_group.count, w_group.cpu, p_group.cpu) == planned else "; cut to the quota"
+    squeezed = f"; {fitted.note()}" if fitted.cut else ""
     return ResourcePlan(
         workers=w_group,
         ps=p_group,

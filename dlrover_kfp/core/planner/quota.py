@@ -1,0 +1,159 @@
+"""Fitting a plan into the job's quota: the one implementation every stage calls.
+
+A plan that the planner would like (from history, from a cold-start default, from post-scaling
+growth) may ask for more than the quota holds. It is cut in this order, each step only as far
+as needed:
+
+1. **Workers** are given up, down to ``min_workers``: they are the elastic role, and a job
+   with fewer workers runs slower rather than failing.
+2. **CPU** of every pod is scaled down by the same factor, rounded down to the CPU step and
+   never below the node minimum; then, while the plan is still over (rounding and the minimum
+   can leave it there), the pods with the most CPU lose one step at a time.
+3. **PS** are given up, down to ``min_ps`` (when the caller allows it): their rows
+   re-partition over the remaining PS, so each keeps the same runtime and takes a larger share
+   of the state; the plan's total state is kept.
+
+Memory is never cut below what was planned: a pod without the memory it needs dies, a pod with
+less CPU only runs slower. When even the minimum job does not fit, the result says so
+(:attr:`QuotaFit.fits` false) and :func:`require_quota_fit` raises
+:class:`~dlrover_kfp.core.planner.search.InfeasiblePlanError` naming the quota and the
+minimum job, never a plan above the quota. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dlrover_kfp.core.footprint import RUNTIME_MB
+from dlrover_kfp.core.plan import NodeGroup
+from dlrover_kfp.core.planner.context import PlanningContext, round_down, round_up
+from dlrover_kfp.core.planner.search import InfeasiblePlanError
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaFit:
+    """The plan after :func:`fit_to_quota`, and what was cut to get there."""
+
+    workers: NodeGroup
+    ps: NodeGroup
+    #: whether the result is within the quota (false: even the minimum job is above it)
+    fits: bool
+    workers_given_up: int = 0
+    ps_given_up: int = 0
+    cpu_cut: bool = False
+
+    @property
+    def cut(self) -> bool:
+        return bool(self.workers_given_up or self.ps_given_up or self.cpu_cut)
+
+    def note(self) -> str:
+        """What was cut, for a plan's reason ("" when nothing was)."""
+        parts = []
+        if self.workers_given_up:
+            parts.append(f"{self.workers_given_up} worker(s) given up")
+        if self.cpu_cut:
+            parts.append(f"CPU cut to {self.workers.cpu:g} per worker, {self.ps.cpu:g} per PS")
+        if self.ps_given_up:
+            parts.append(f"{self.ps_given_up} PS given up (rows re-partitioned)")
+        return f"cut to the quota: {', '.join(parts)}" if parts else ""
+
+
+def _cpu(workers: NodeGroup, ps: NodeGroup) -> float:
+    return workers.total_cpu + ps.total_cpu
+
+
+def _with(group: NodeGroup, *, count: int | None = None, cpu: float | None = None) -> NodeGroup:
+    return NodeGroup(
+        count=group.count if count is None else count,
+        cpu=group.cpu if cpu is None else cpu,
+        memory_mb=group.memory_mb,
+    )
+
+
+def _shrink_cpu(
+    workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext
+) -> tuple[NodeGroup, NodeGroup]:
+    """Step 2: proportional scaling, then one step at a time off the largest pods."""
+    node = ctx.node
+    step = node.cpu_step
+    total = _cpu(workers, ps)
+    if total <= ctx.quota_cpu + 1e-9:
+        return workers, ps
+    # Every pod × (quota / total), rounded down to the step: the ratio between roles is kept.
+    scale = ctx.quota_cpu / total
+    workers = _with(workers, cpu=max(node.min_cpu, round_down(workers.cpu * scale, step)))
+    ps = _with(ps, cpu=max(node.min_cpu, round_down(ps.cpu * scale, step)))
+    # The minimum and the rounding can leave it above; rounding down can also leave room, which
+    # is not given back (the plan stays below the proportional point, never above the quota).
+    while _cpu(workers, ps) > ctx.quota_cpu + 1e-9:
+        can_w = workers.cpu - step >= node.min_cpu - 1e-9
+        can_p = ps.cpu - step >= node.min_cpu - 1e-9
+        if not (can_w or can_p):
+            break
+        # The role whose pods have more CPU gives a step (workers on a tie: they are elastic).
+        if can_w and (not can_p or workers.cpu >= ps.cpu):
+            workers = _with(workers, cpu=round_down(workers.cpu - step, step))
+        else:
+            ps = _with(ps, cpu=round_down(ps.cpu - step, step))
+    return workers, ps
+
+
+def _repartitioned(ps: NodeGroup, count: int, state_mb: int, ctx: PlanningContext) -> NodeGroup:
+    """``ps`` with ``count`` pods holding the plan's ``state_mb``: each takes a larger share.
+
+    per-PS memory = runtime + ceil(state / count), rounded up to the memory step
+    """
+    memory = RUNTIME_MB + math.ceil(state_mb / count)
+    memory = int(round_up(memory, ctx.node.memory_step_mb))
+    return NodeGroup(count=count, cpu=ps.cpu, memory_mb=max(ps.memory_mb, memory))
+
+
+def fit_to_quota(
+    workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext, *, drop_ps: bool = True
+) -> QuotaFit:
+    """Cut ``workers`` and ``ps`` into the quota (module docstring); never above it when
+    :attr:`QuotaFit.fits`. ``drop_ps`` false keeps the PS count (a running job's post-scaling
+    does not migrate its rows to make room)."""
+    original_w, original_p = workers, ps
+    # 1. Workers, down to the minimum.
+    workers = ctx.workers_that_fit(workers, ps)
+    # 2. CPU of every pod.
+    if not ctx.fits(workers, ps):
+        workers, ps = _shrink_cpu(workers, ps, ctx)
+    # 3. PS, down to the minimum, each taking a larger share of the rows. The state is the
+    # planned one, counted once: state = count₀ × (memory₀ − runtime).
+    state_mb = original_p.count * max(0, original_p.memory_mb - RUNTIME_MB)
+    while drop_ps and not ctx.fits(workers, ps) and ps.count > ctx.min_ps:
+        fewer = _repartitioned(ps, ps.count - 1, state_mb, ctx)
+        if fewer.memory_mb > ctx.node.max_memory_mb:
+            break  # the rows no longer fit in a pod: fewer PS cannot hold them
+        ps = fewer
+        workers, ps = _shrink_cpu(workers, ps, ctx)
+    return QuotaFit(
+        workers=workers,
+        ps=ps,
+        fits=ctx.fits(workers, ps),
+        workers_given_up=original_w.count - workers.count,
+        ps_given_up=original_p.count - ps.count,
+        cpu_cut=(workers.cpu, ps.cpu) != (original_w.cpu, original_p.cpu),
+    )
+
+
+def require_quota_fit(workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext) -> QuotaFit:
+    """:func:`fit_to_quota`, raising :class:`InfeasiblePlanError` when the result is still
+    above the quota: the message names the quota and the smallest job that was tried."""
+    fitted = fit_to_quota(workers, ps, ctx)
+    if not fitted.fits:
+        w, p = fitted.workers, fitted.ps
+        raise InfeasiblePlanError(
+            f"the quota (cpu {ctx.quota_cpu:g}, memory {ctx.quota_memory_mb}Mi) cannot hold "
+            f"the smallest job: {w.count} worker(s) of {w.cpu:g} cpu / {w.memory_mb}Mi and "
+            f"{p.count} PS of {p.cpu:g} cpu / {p.memory_mb}Mi (cpu "
+            f"{w.total_cpu + p.total_cpu:g}, memory {w.total_memory_mb + p.total_memory_mb}Mi); "
+            f"raise resources.limits or lower elastic.min_workers / min_ps"
+        )
+    return fitted
+
+
+__all__ = ["QuotaFit", "fit_to_quota", "require_quota_fit"]
