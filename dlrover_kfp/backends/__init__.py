@@ -5,8 +5,6 @@ A Kubernetes implementation will answer to the same port and the same behavioura
 """
 
 from dlrover_kfp.backends.api import (
-    POD_CPU_ENV,
-    POD_MEMORY_ENV,
     BackendClosedError,
     BackendError,
     ClusterBackend,
@@ -18,6 +16,7 @@ from dlrover_kfp.backends.api import (
     PodUsage,
 )
 from dlrover_kfp.backends.local import LocalBackend
+from dlrover_kfp.core.pod_env import POD_CPU_ENV, POD_MEMORY_ENV
 
 __all__ = [
     "POD_CPU_ENV",

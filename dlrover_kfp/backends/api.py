@@ -22,17 +22,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
+from dlrover_kfp.core.pod_env import POD_CPU_ENV, POD_MEMORY_ENV
 from dlrover_kfp.core.profile import Role
 from dlrover_kfp.errors import DlroverKfpError, PermanentError, UserInputError
 
-#: Environment variable through which every backend tells a pod its CPU (cores, a decimal such as
-#: ``"1.5"``). The trainer sizes its thread pools from it: a process cannot learn its own CPU
-#: limit portably (a local process has none; a container's cgroup quota is not what
-#: ``os.cpu_count()`` reports).
-POD_CPU_ENV = "DLROVER_KFP_POD_CPU"
-#: Environment variable with a pod's memory limit in MiB (an integer such as ``"2048"``), so the
-#: trainer can size caches below the limit instead of discovering it by being OOM-killed.
-POD_MEMORY_ENV = "DLROVER_KFP_POD_MEMORY_MB"
 #: Variables every backend sets itself; a :class:`PodSpec` may not set them.
 RESERVED_ENV = frozenset({POD_CPU_ENV, POD_MEMORY_ENV})
 

@@ -26,12 +26,15 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dlrover_kfp.core.shards import ShardLedger
+from dlrover_kfp.training.master_protocol import CONFIG, GET_SHARD, REGISTER, REPORT
 from dlrover_kfp.training.wire import Message, PeerInfo
 
-REGISTER = "register"
-CONFIG = "config"
-GET_SHARD = "get_shard"
-REPORT = "report"
+__all__ = [
+    "MasterService",
+    "MasterState",
+    "WorkerStats",
+    "lease_holder",
+]
 
 
 def lease_holder(meta: dict[str, Any]) -> str:

@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from dlrover_kfp.backends.api import POD_CPU_ENV
 from dlrover_kfp.core.documents import parse
+from dlrover_kfp.core.pod_env import POD_CPU_ENV
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import DlroverKfpError
-from dlrover_kfp.runtime.master import CONFIG, GET_SHARD, REGISTER, REPORT
 from dlrover_kfp.training import ps_server
 from dlrover_kfp.training.data import Batch, RowRange, open_dataset
+from dlrover_kfp.training.master_protocol import CONFIG, GET_SHARD, REGISTER, REPORT
 from dlrover_kfp.training.ps_client import RemotePs
 from dlrover_kfp.training.step import Routed, WorkerModel
 from dlrover_kfp.training.wire import Connection, connect, secret_from_env

@@ -53,8 +53,8 @@ from typing import Any
 
 import torch
 
-from dlrover_kfp.backends.api import POD_CPU_ENV
 from dlrover_kfp.core.documents import parse
+from dlrover_kfp.core.pod_env import POD_CPU_ENV
 from dlrover_kfp.core.spec import ModelSpec
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.ps_state import PsConfig, PsState

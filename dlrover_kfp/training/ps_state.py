@@ -30,8 +30,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from dlrover_kfp.backends.api import POD_CPU_ENV
 from dlrover_kfp.core.partition import Partition
+from dlrover_kfp.core.pod_env import POD_CPU_ENV
 from dlrover_kfp.core.spec import ModelSpec
 from dlrover_kfp.training import memory
 from dlrover_kfp.training.model import DenseDLRM, FlatParameters, init_embedding_slots

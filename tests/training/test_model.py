@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dlrover_kfp.backends.api import POD_CPU_ENV
 from dlrover_kfp.core.partition import Partition, table_offsets
+from dlrover_kfp.core.pod_env import POD_CPU_ENV
 from dlrover_kfp.core.spec import ModelSpec
 from dlrover_kfp.training import memory
 from dlrover_kfp.training import model as model_module

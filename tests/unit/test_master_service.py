@@ -8,14 +8,8 @@ from typing import Any
 import pytest
 
 from dlrover_kfp.core.shards import ShardLedger
-from dlrover_kfp.runtime.master import (
-    CONFIG,
-    GET_SHARD,
-    REGISTER,
-    REPORT,
-    MasterService,
-    MasterState,
-)
+from dlrover_kfp.runtime.master import MasterService, MasterState
+from dlrover_kfp.training.master_protocol import CONFIG, GET_SHARD, REGISTER, REPORT
 from dlrover_kfp.training.wire import (
     Message,
     PeerInfo,

@@ -1,0 +1,21 @@
+"""The message kinds of the job master's RPC service, shared by its clients and the service.
+
+The trainer's processes (PS and workers) are the clients; :mod:`dlrover_kfp.runtime.master`
+serves them. The kinds live here, on the trainer's side, so that the trainer depends on no
+part of the runtime (the layering of docs/architecture.md: the runtime uses the trainer, never
+the other way). What each request carries and returns is documented on the service.
+"""
+
+from __future__ import annotations
+
+#: PS ``k`` listens at ``host:port``: ``{"index": k, "address": [host, port]}``.
+REGISTER = "register"
+#: The job spec, the PS addresses and the run settings (``{"wait": true}`` until every PS
+#: registered).
+CONFIG = "config"
+#: Lease the next data shard: ``{"worker": name, "incarnation": token}``.
+GET_SHARD = "get_shard"
+#: A leased shard is done, with its samples, steps, summed loss and bad rows.
+REPORT = "report"
+
+__all__ = ["CONFIG", "GET_SHARD", "REGISTER", "REPORT"]
