@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from dlrover_kfp.core.plan import NodeAction, NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner.context import PlanningContext, clamp_cpu, clamp_memory
 from dlrover_kfp.core.planner.quota import fit_to_quota
+from dlrover_kfp.core.planner.relaunch import oom_grown_memory
 from dlrover_kfp.core.planner.settings import PlannerSettings, PostScaleSettings
 from dlrover_kfp.core.profile import JobEvent, NodeSample, RuntimeSample
 
@@ -77,12 +78,11 @@ def oom_reactions(
         node = latest.get(event.node)
         role = node.role if node else _role(event.node, latest)
         requested = node.memory_requested_mb if node else groups[role].memory_mb
-        grown = min(requested * s.oom_memory_factor, requested + s.oom_max_step_mb)
         actions.append(
             NodeAction(
                 kind="relaunch",
                 node=event.node,
-                memory_mb=clamp_memory(grown, ctx.node),
+                memory_mb=oom_grown_memory(requested, s, ctx.node),
                 reason=f"OOM-killed at {requested}Mi: relaunch with x{s.oom_memory_factor:g} "
                 f"memory (at most +{s.oom_max_step_mb}Mi)",
             )

@@ -153,6 +153,28 @@ class PostScaleSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RelaunchSettings:
+    """When a pod that stopped is relaunched, and when the job gives up instead.
+
+    A pod that fails on its own (non-zero exit, OOM kill, could not start) ``max_failures``
+    times within ``failure_window_s`` fails the job: the cause is then the pod or its
+    input, not bad luck, and relaunching it forever would hide that. Pods stopped by someone
+    else (evicted, preempted, deleted, their node lost) are relaunched as they were and not
+    counted. Kubernetes' own Job controller backs off after 6 failures; a training job that
+    loses a pod three times in ten minutes is better told so early.
+    """
+
+    max_failures: int = 3
+    failure_window_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.max_failures < 1:
+            raise ValueError(f"max_failures: must be >= 1, got {self.max_failures}")
+        if not self.failure_window_s > 0:
+            raise ValueError(f"failure_window_s: must be > 0, got {self.failure_window_s}")
+
+
+@dataclass(frozen=True, slots=True)
 class PlannerSettings:
     node: NodeLimits = field(default_factory=NodeLimits)
     default_quota: DefaultQuota = field(default_factory=DefaultQuota)
@@ -160,6 +182,7 @@ class PlannerSettings:
     warm_start: WarmStartSettings = field(default_factory=WarmStartSettings)
     auto_scale: AutoScaleSettings = field(default_factory=AutoScaleSettings)
     post_scale: PostScaleSettings = field(default_factory=PostScaleSettings)
+    relaunch: RelaunchSettings = field(default_factory=RelaunchSettings)
     #: Two configurations already tell a slope along the one dimension they differ in (the
     #: fit pins the rest to the prior), which a running job needs after its first step.
     model_fit: FitSettings = field(default_factory=lambda: FitSettings(min_configs_for_full_fit=2))
