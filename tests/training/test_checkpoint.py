@@ -33,6 +33,9 @@ from dlrover_kfp.training.checkpoint import (
     prune_checkpoints,
     select_checkpoint,
 )
+from dlrover_kfp.training.checkpoint import persist as ck_persist
+from dlrover_kfp.training.checkpoint import restore as ck_restore
+from dlrover_kfp.training.checkpoint import shm as ck_shm
 
 F32 = npt.NDArray[np.float32]
 ROWS, DIM, DENSE = 1000, 8, 37
@@ -306,7 +309,7 @@ def test_corrupt_checkpoint_falls_back_to_previous(
     choice = select_checkpoint(root)
     assert choice is not None and choice.step == 10
     # A PS told to restore the bad checkpoint refuses instead of restoring torn state.
-    bad_choice = ck._disk_choice(root / "step-0000000020")
+    bad_choice = ck_restore._disk_choice(root / "step-0000000020")
     with pytest.raises(CheckpointError, match="crc32"):
         load_checkpoint(root, num_ps=2, ps_index=1, choice=bad_choice)
 
@@ -382,14 +385,14 @@ def test_persist_runs_in_background_with_back_pressure(
     """The snapshot returns while the persist is held; the next snapshot waits for it."""
     job = Job("job-bg", 1)
     gate, started = threading.Event(), threading.Event()
-    original = ck._persist_part
+    original = ck_persist._persist_part
 
     def held(root_: Path, shm: ShmSnapshot, cur: Any) -> PartRecord:
         started.set()
         assert gate.wait(10)
         return original(root_, shm, cur)
 
-    monkeypatch.setattr(ck, "_persist_part", held)
+    monkeypatch.setattr(ck_persist, "_persist_part", held)
     with FlashCheckpointer(
         root, job.meta(0), StateSpec.of(job.arrays(0)), shm_dir=shm_dir, generation=0
     ) as cp:
@@ -491,7 +494,7 @@ def test_repartition_across_chunk_boundaries(
         c.checkpoint(1)
     finally:
         c.close()
-    monkeypatch.setattr(ck, "CHUNK", chunk)
+    monkeypatch.setattr(ck_restore, "CHUNK", chunk)
     parts = [load_checkpoint(root, num_ps=3, ps_index=j) for j in range(3)]
     weights, accum = reassemble([p for p in parts if p is not None])
     assert np.array_equal(weights, c.job.weights) and np.array_equal(accum, c.job.accum)
@@ -531,7 +534,7 @@ def test_ps_server_adapters(root: Path, shm_dir: Path) -> None:
 
 
 def test_split_copy_threads(root: Path, shm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ck, "_SPLIT_MIN", 0)
+    monkeypatch.setattr(ck_shm, "_SPLIT_MIN", 0)
     job = Job("job-split", 1)
     with FlashCheckpointer(
         root,
