@@ -127,13 +127,15 @@ class StaticRun:
         run_id: str | None = None,
         progress: Progress | None = None,
         clock: Callable[[], float] = time.monotonic,
+        groups: tuple[NodeGroup, NodeGroup] | None = None,
     ) -> None:
         self.spec = spec
         self.backend = backend
         self.output_dir = output_dir
         self.base_dir = base_dir
         self.settings = settings or RunSettings()
-        self.workers, self.ps = _static_groups(spec)
+        # The pods it starts with: the spec's own (a static run) unless given (an elastic one).
+        self.workers, self.ps = groups if groups is not None else _static_groups(spec)
         self.started_wall = time.time()
         stamp = datetime.fromtimestamp(self.started_wall, UTC).strftime("%Y%m%dT%H%M%S")
         self.run_id = run_id or f"{spec.name}-{stamp}"
@@ -143,6 +145,8 @@ class StaticRun:
         self.events: list[JobEvent] = []
         #: per worker index: (time, samples reported) at its previous runtime sample
         self._worker_last: dict[int, tuple[float, int]] = {}
+        #: pods this master stops on purpose (an elastic run's resizes): not failures
+        self._stopping: set[str] = set()
 
         dataset = open_dataset(spec.data, spec.model, base_dir)  # bad data fails before pods
         self.dataset_rows = sum(dataset.source_rows)
@@ -190,7 +194,44 @@ class StaticRun:
         )
 
     def _failed(self, statuses: list[PodStatus]) -> PodStatus | None:
-        return next((s for s in statuses if s.phase is PodPhase.FAILED), None)
+        """The first failed pod, leaving out the ones this master stopped on purpose."""
+        return next(
+            (s for s in statuses if s.phase is PodPhase.FAILED and s.name not in self._stopping),
+            None,
+        )
+
+    def _worker_name(self, index: int) -> str:
+        return f"{self.spec.name}-worker-{index}"
+
+    # -- hooks of the loop (a static run: a failure fails the job, nothing is decided) -------
+
+    def _handle_failures(self, statuses: list[PodStatus], t: float) -> None:
+        """React to failed pods; the static run fails the job on the first one."""
+        failed = self._failed(statuses)
+        if failed is not None:
+            self.events.append(
+                JobEvent(
+                    time=round(t, 3),
+                    kind="oom" if failed.reason == "OOMKilled" else "failure",
+                    node=failed.name,
+                    detail=self._describe_failure(failed),
+                )
+            )
+            raise JobFailedError(self._describe_failure(failed))
+
+    def _decide(self, state: MasterState, t: float) -> None:
+        """After each runtime sample: the elastic run plans and applies here."""
+
+    def _applied_plans(self) -> tuple[AppliedPlan, ...]:
+        return (
+            AppliedPlan(
+                time=0.0,
+                stage=Stage.MANUAL,
+                reason="the spec's own resources (--static)",
+                workers=self.workers,
+                ps=self.ps,
+            ),
+        )
 
     # -- observation ---------------------------------------------------------------------------
 
@@ -273,6 +314,9 @@ class StaticRun:
         metrics = Metrics()
         model_dir: Path | None = None
         coordinator: CheckpointCoordinator | None = None
+        self.state = state
+        self.address = server.address
+        self.checkpoint_dir = checkpoint_dir
         try:
             address = server.address
             self.progress(f"{self.run_id}: pod limits: {self.backend.enforcement}")
@@ -283,12 +327,7 @@ class StaticRun:
                 f"({self.ps.cpu:g} cpu, {self.ps.memory_mb} MiB each)"
             )
             self._wait_for_ps(state, start)
-            coordinator = CheckpointCoordinator(
-                checkpoint_dir,
-                [state.ps_addresses[k] for k in range(self.ps.count)],
-                self.secret,
-                keep=self.settings.keep_checkpoints,
-            )
+            coordinator = self.coordinator = self._new_coordinator(state)
             for k in range(self.workers.count):
                 self.backend.launch(self._pod("worker", k, self.workers, address))
             self.progress(
@@ -296,7 +335,8 @@ class StaticRun:
                 f"{self.workers.memory_mb} MiB each), {len(self.ledger.ranges)} shards x "
                 f"{self.ledger.epochs} epoch(s), {self.ledger.total_rows:,} rows to train"
             )
-            self._train(state, coordinator, start)
+            self._train(state, start)
+            coordinator = self.coordinator
             step = state.totals()[1]
             coordinator.checkpoint(step, extra={"shards": self._ledger_dict(state)})
             coordinator.shutdown_ps()
@@ -321,6 +361,7 @@ class StaticRun:
             reason = str(exc)
             self.progress(f"{self.run_id}: FAILED: {reason}")
         finally:
+            coordinator = getattr(self, "coordinator", coordinator)
             if coordinator is not None:
                 coordinator.close()
             self.backend.close()
@@ -333,6 +374,14 @@ class StaticRun:
         profile = self._profile(status, reason, jct, samples, metrics)
         write_atomic(self.output_dir / "profile.json", to_json(profile) + "\n")
         return RunResult(profile=profile, output_dir=self.output_dir, model_dir=model_dir)
+
+    def _new_coordinator(self, state: MasterState) -> CheckpointCoordinator:
+        return CheckpointCoordinator(
+            self.checkpoint_dir,
+            [state.ps_addresses[k] for k in range(self.ps.count)],
+            self.secret,
+            keep=self.settings.keep_checkpoints,
+        )
 
     def _ledger_dict(self, state: MasterState) -> dict[str, Any]:
         with state.lock:
@@ -363,32 +412,24 @@ class StaticRun:
     def _describe_failure(self, pod: PodStatus) -> str:
         return f"pod {pod.name} {pod.reason or 'failed'} (exit code {pod.exit_code})"
 
-    def _train(self, state: MasterState, coordinator: CheckpointCoordinator, start: float) -> None:
+    def _train(self, state: MasterState, start: float) -> None:
         s = self.settings
+        self.start = start
         last_sample = (0.0, 0, 0.0)
         next_sample = s.sample_interval_s
         next_checkpoint = s.checkpoint_interval_s if s.checkpoint_interval_s > 0 else math.inf
         total = self.ledger.total_rows
-        worker_names = {f"{self.spec.name}-worker-{k}" for k in range(self.workers.count)}
         while True:
             time.sleep(0.1)
             t = self.clock() - start
             statuses = self.backend.statuses()
-            failed = self._failed(statuses)
-            if failed is not None:
-                self.events.append(
-                    JobEvent(
-                        time=round(t, 3),
-                        kind="oom" if failed.reason == "OOMKilled" else "failure",
-                        node=failed.name,
-                        detail=self._describe_failure(failed),
-                    )
-                )
-                raise JobFailedError(self._describe_failure(failed))
-            finished = {s_.name for s_ in statuses if s_.phase is PodPhase.SUCCEEDED}
+            self._handle_failures(statuses, t)
+            # Done when every shard is done and no worker is still running (each exits once
+            # it gets no more shards; a failed one was handled above).
+            running = any(s_.role == "worker" and not s_.phase.terminal for s_ in statuses)
             with state.lock:
                 done = state.ledger.finished
-            if done and worker_names <= finished:
+            if done and not running:
                 if not self.samples or t - self.samples[-1].time > 0.5:
                     self._sample(state, t, last_sample)
                 return
@@ -403,9 +444,15 @@ class StaticRun:
                     f"{recent:,.0f} samples/s  step {steps:,}  loss {loss}  "
                     f"eta {_eta(trained, total, recent)}"
                 )
+                self._decide(state, t)
+                # Applying a plan takes time: the next sample starts a fresh window.
+                t = self.clock() - start
+                if self.samples and t - self.samples[-1].time > s.sample_interval_s:
+                    last_sample = (t, *state.totals()[:1], state.totals()[2])
+                    next_sample = t + s.sample_interval_s
             if t >= next_checkpoint:
                 steps = state.totals()[1]
-                started = coordinator.checkpoint(
+                started = self.coordinator.checkpoint(
                     steps, extra={"shards": self._ledger_dict(state)}, wait=False
                 )
                 if started:
@@ -420,15 +467,7 @@ class StaticRun:
             run_id=self.run_id,
             started_at=started,
             job=profile_job(self.spec, rows=self.dataset_rows),
-            plans=(
-                AppliedPlan(
-                    time=0.0,
-                    stage=Stage.MANUAL,
-                    reason="the spec's own resources (--static)",
-                    workers=self.workers,
-                    ps=self.ps,
-                ),
-            ),
+            plans=self._applied_plans(),
             samples=tuple(self.samples),
             events=tuple(self.events),
             outcome=Outcome(

@@ -206,21 +206,23 @@ def test_profile_has_real_samples_and_validates_against_the_published_schema(
         f"""
 name: samples
 model: {SMALL_MODEL}
-data: {{format: synthetic, rows: 60000, seed: 1}}
+data: {{format: synthetic, rows: 150000, seed: 1}}
 training: {{batch_size: 256}}
 resources:
   workers: {{count: 2, cpu: 1, memory: 2Gi}}
   ps: {{count: 1, cpu: 1.5, memory: 1Gi}}
 """
     )
+    # Samples 0.6 s apart: the backend reports no usage over windows under 0.5 s (a CFS quota
+    # of n periods can read (n+1)/n of itself), and 135,000 rows keep several samples busy.
     result = static_run(
-        spec, tmp_path, shard_rows=2048, sample_interval_s=0.3, checkpoint_interval_s=0.4
+        spec, tmp_path, shard_rows=2048, sample_interval_s=0.6, checkpoint_interval_s=0.8
     )
     assert result.succeeded, result.profile.outcome.reason
     document = json.loads((result.output_dir / "profile.json").read_text())
     jsonschema.validate(document, json_schema(JobProfile))
     profile = result.profile
-    assert profile.outcome.samples_processed == 54000
+    assert profile.outcome.samples_processed == 135000
     busy = [s for s in profile.samples if s.throughput > 0]
     assert busy, "no sample saw training"
     nodes = [n for s in busy for n in s.nodes]
