@@ -14,9 +14,15 @@ from typing import Any
 from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.cli.common import HELP_FORMAT, add_history_option, history_url
 from dlrover_kfp.core.documents import to_dict
+from dlrover_kfp.core.observation import Observation
+from dlrover_kfp.core.plan import ResourcePlan
+from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.files import read_document
 from dlrover_kfp.history import open_history
+from dlrover_kfp.planning import plan_job_with_history
+from dlrover_kfp.ports import SystemClock
+from dlrover_kfp.runtime.elastic import ElasticRun, local_planner_settings
 from dlrover_kfp.runtime.job import RunSettings, StaticRun
 
 log = logging.getLogger(__name__)
@@ -26,20 +32,27 @@ def register(sub: Any) -> None:
     parser = sub.add_parser(
         "run",
         help="run a job's PS and workers to the end; write profile.json, the model, metrics",
-        description="Train a job as separate PS and worker processes. With --static the "
-        "spec's own resources (resources.workers / resources.ps) are kept for the whole run. "
-        "Writes OUTPUT_DIR/profile.json (profile schema v1), OUTPUT_DIR/model/ and the "
-        "checkpoints; with --history the profile is also recorded in the history store. "
-        "Prints the outcome and metrics as JSON on stdout; progress goes to stderr.",
-        epilog="Example:\n  dlrover-kfp run --job examples/ctr-daily.yaml --static "
-        "--backend local --output-dir runs/ctr-daily",
+        description="Train a job as separate PS and worker processes. By default the run is "
+        "elastic: it starts from Stage 1's plan (warm start from --history's similar jobs, else "
+        "the spec's own resources, else a small default), Stage 2 resizes it while it trains "
+        "(worker changes live; a PS change stops the workers, checkpoints and restarts the PS "
+        "re-partitioned), and failed workers are relaunched (bigger after an OOM) until one "
+        "fails 3 times in 10 minutes. With --static the spec's own resources are kept for the "
+        "whole run and a failed pod fails it. Writes OUTPUT_DIR/profile.json (profile schema "
+        "v1, with every plan applied and every event), OUTPUT_DIR/model/ and the checkpoints; "
+        "with --history the profile is also recorded in the history store, failed runs "
+        "included. Prints the outcome and metrics as JSON on stdout; progress goes to stderr.",
+        epilog="Examples:\n  dlrover-kfp run --job examples/ctr-local.yaml --backend local "
+        "--output-dir runs/ctr-local --history sqlite:///runs/history.db\n"
+        "  dlrover-kfp run --job examples/ctr-daily.yaml --static --backend local "
+        "--output-dir runs/ctr-daily",
         formatter_class=HELP_FORMAT,
     )
     parser.add_argument("--job", required=True, metavar="JOB.yaml", help="the job spec")
     parser.add_argument(
         "--static",
         action="store_true",
-        help="keep the spec's own resources for the whole run (required in this version)",
+        help="keep the spec's own resources for the whole run (no planning, no relaunch)",
     )
     parser.add_argument("--backend", choices=("local",), default="local", help="where pods run")
     parser.add_argument("--output-dir", required=True, metavar="DIR", help="where results go")
@@ -62,19 +75,25 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=_run)
 
 
+def _stage_1(
+    spec: JobSpec, url: str | None, planner: PlannerSettings
+) -> tuple[ResourcePlan, list[Observation]]:
+    """Stage 1's plan and the similar jobs' measurements (none without a history store)."""
+    if url is None:
+        return plan_job_with_history(spec, None, SystemClock(), planner)
+    store = open_history(url)
+    try:
+        return plan_job_with_history(spec, store, SystemClock(), planner)
+    finally:
+        store.close()
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
     # SIGTERM (Kubernetes, Airflow, kill) unwinds like Ctrl-C, so the backend stops every pod.
     raise KeyboardInterrupt
 
 
 def _run(args: argparse.Namespace) -> int:
-    if not args.static:
-        print(
-            "dlrover-kfp: error: --static: this version runs jobs with the spec's own "
-            "resources only; pass --static",
-            file=sys.stderr,
-        )
-        return 2
     for name in ("checkpoint_interval", "sample_interval"):
         if getattr(args, name) < 0 or (name == "sample_interval" and args.sample_interval == 0):
             flag = "--" + name.replace("_", "-")
@@ -89,16 +108,37 @@ def _run(args: argparse.Namespace) -> int:
         sample_interval_s=args.sample_interval,
         seed=args.seed,
     )
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    run: StaticRun
     signal.signal(signal.SIGTERM, _terminate)
     with LocalBackend(output / "logs") as backend:
-        run = StaticRun(
-            spec,
-            backend,
-            output_dir=output,
-            base_dir=job_path.resolve().parent,
-            settings=settings,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
-        )
+        if args.static:
+            run = StaticRun(
+                spec,
+                backend,
+                output_dir=output,
+                base_dir=job_path.resolve().parent,
+                settings=settings,
+                progress=progress,
+            )
+        else:
+            planner = local_planner_settings()
+            plan, known = _stage_1(spec, url, planner)
+            progress(f"{spec.name}: starting plan ({plan.stage.value}): {plan.reason}")
+            run = ElasticRun(
+                spec,
+                backend,
+                plan=plan,
+                planner=planner,
+                output_dir=output,
+                base_dir=job_path.resolve().parent,
+                settings=settings,
+                progress=progress,
+                known=known,
+            )
         result = run.run()
     profile = result.profile
     if url is not None:

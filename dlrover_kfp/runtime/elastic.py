@@ -29,6 +29,7 @@ in the profile.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
@@ -51,6 +52,22 @@ from dlrover_kfp.core.reconcile import ChangeKind, Pod, reconcile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.job import JobFailedError, Progress, RunSettings, StaticRun
 from dlrover_kfp.runtime.master import MasterState
+
+
+def local_planner_settings() -> PlannerSettings:
+    """The planner's settings for pods that are processes on one machine.
+
+    The defaults are a cluster's (half-core steps, a decision every 5 minutes). A machine's
+    quota is a few cores and a job a few minutes, so pods come in quarter cores, memory from
+    512 MiB, and Stage 2 decides every 10 s once it has 3 samples at the current shape.
+    """
+    defaults = PlannerSettings()
+    return dataclasses.replace(
+        defaults,
+        node=dataclasses.replace(defaults.node, min_cpu=0.25, cpu_step=0.25, min_memory_mb=512),
+        auto_scale=dataclasses.replace(defaults.auto_scale, min_interval_s=10.0, min_samples=3),
+    )
+
 
 #: How the backend's reasons map to the relaunch policy's causes.
 _CAUSES = {
@@ -280,4 +297,4 @@ class ElasticRun(StaticRun):
         return tuple(self.plans)
 
 
-__all__ = ["ElasticRun"]
+__all__ = ["ElasticRun", "local_planner_settings"]

@@ -24,12 +24,15 @@ resources:
 """
 
 
-def test_run_writes_profile_model_and_history_with_progress(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", [["--static"], []], ids=["static", "elastic"])
+def test_run_writes_profile_model_and_history_with_progress(
+    tmp_path: Path, mode: list[str]
+) -> None:
     (tmp_path / "job.yaml").write_text(JOB)
     history = tmp_path / "history.db"
     argv = [sys.executable, "-m", "dlrover_kfp.cli.main"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    flags = ["--static", "--backend", "local", "--output-dir", "out", "--history", str(history)]
+    flags = [*mode, "--backend", "local", "--output-dir", "out", "--history", str(history)]
     done = subprocess.run(
         [*argv, "run", "--job", "job.yaml", *flags, "--sample-interval", "0.3"],
         cwd=tmp_path,
@@ -52,6 +55,10 @@ def test_run_writes_profile_model_and_history_with_progress(tmp_path: Path) -> N
     assert model["metrics"]["auc"] == summary["metrics"]["auc"]
     # No shared-memory snapshot outlives the run.
     assert not [p for p in Path("/dev/shm").glob("*") if summary["run_id"] in p.name]
+    profile = json.loads((tmp_path / "out" / "profile.json").read_text())
+    # Elastic by default: Stage 1 planned the start (no similar jobs yet: the spec's own
+    # resources, a cold start); --static keeps them as the user's.
+    assert profile["plans"][0]["stage"] == ("manual" if mode else "cold_start")
 
     listed = subprocess.run(
         [*argv, "history", "list", "--history", str(history)],
@@ -68,7 +75,6 @@ def test_run_writes_profile_model_and_history_with_progress(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("edit", "flags", "message"),
     [
-        (None, [], "--static"),
         (("  ps: {count: 1, cpu: 1, memory: 2Gi}\n", ""), ["--static"], "resources.ps"),
         (
             ("{format: synthetic, rows: 20000, seed: 4}", '{format: criteo, path: "no/*.tsv"}'),
