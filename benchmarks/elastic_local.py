@@ -1,0 +1,109 @@
+"""An elastic run on this machine from an under-provisioned guess (issue 9's first figure).
+
+    python benchmarks/elastic_local.py [--rows 3500000] [--quota 2] [--output-dir DIR]
+
+Starts the ctr-local model (examples/ctr-local.yaml's shape) at 1 worker x 0.25 CPU + 1 PS x
+0.25 CPU under a quota of ``--quota`` CPU and lets the job master plan (Stage 2 every 10 s, the
+local planner settings of ``dlrover-kfp run``). Prints the plan timeline with its reasons, the
+samples/s timeline, the steady samples/s before the first step and after the last one (the
+ratio), and whether ``samples_processed`` equals rows x epochs minus the held-out rows. CPU
+limits are enforced where the machine allows cgroups (the profile says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from dlrover_kfp.backends import LocalBackend
+from dlrover_kfp.core.documents import load_text, parse
+from dlrover_kfp.core.plan import ResourcePlan, Stage
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.runtime.elastic import ElasticRun, local_planner_settings
+from dlrover_kfp.runtime.job import RunSettings
+from dlrover_kfp.training.data import open_dataset, split_ranges
+
+TABLES = (
+    "[1000, 500, 10000, 20000, 50, 300, 100000, 7, 4000, 100, 3000, 60000, 200, 9000, 30, "
+    "1500, 80000, 12, 600, 70000, 2500, 400, 5000, 40000, 900, 15000]"
+)
+
+
+def spec(rows: int, quota: float) -> JobSpec:
+    text = f"""
+name: elastic-local
+model: {{embedding_dim: 16, table_sizes: {TABLES}, bottom_mlp: [64, 32, 16], top_mlp: [64, 32, 1]}}
+data: {{format: synthetic, rows: {rows}, seed: 1}}
+training: {{batch_size: 512, epochs: 1, learning_rate: 0.05}}
+resources:
+  limits: {{cpu: {quota}, memory: 12Gi}}
+  workers: {{count: 1, cpu: 0.25, memory: 2Gi}}
+  ps: {{count: 1, cpu: 0.25, memory: 2Gi}}
+"""
+    return parse(JobSpec, load_text(text, "benchmark"), "benchmark")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=3_500_000)
+    parser.add_argument("--quota", type=float, default=2.0)
+    parser.add_argument("--output-dir", help="keep the run here (default: a temporary folder)")
+    args = parser.parse_args()
+    job = spec(args.rows, args.quota)
+    settings = RunSettings(sample_interval_s=2.0, checkpoint_interval_s=0.0)
+    plan = ResourcePlan(
+        workers=job.resources.workers.to_group(),  # type: ignore[union-attr]
+        ps=job.resources.ps.to_group(),  # type: ignore[union-attr]
+        stage=Stage.MANUAL,
+        reason="the user's under-provisioned guess",
+    )
+    print(f"machine: {platform.platform()}, {platform.processor() or platform.machine()}")
+    out = Path(args.output_dir) if args.output_dir else Path(tempfile.mkdtemp()) / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.monotonic()
+    with LocalBackend(out / "logs") as backend:
+        run = ElasticRun(
+            job,
+            backend,
+            plan=plan,
+            planner=local_planner_settings(),
+            output_dir=out,
+            base_dir=Path.cwd(),
+            settings=settings,
+            progress=lambda line: print(f"{time.monotonic() - t0:6.1f}s {line}", flush=True),
+        )
+        result = run.run()
+    p = result.profile
+    dataset = open_dataset(job.data, job.model)
+    train, _ = split_ranges(dataset.source_rows, settings.shard_rows, settings.eval_fraction)
+    expected = sum(r.end - r.start for r in train) * job.training.epochs
+    print(f"\nlimits: {p.limits.detail if p.limits else '-'}")
+    print(f"outcome: {p.outcome.status} {p.outcome.reason} JCT {p.outcome.jct_seconds:.1f}s")
+    print(
+        f"samples_processed {p.outcome.samples_processed:,} (rows x epochs - held out: "
+        f"{expected:,}) {'EXACT' if p.outcome.samples_processed == expected else 'MISMATCH'}"
+    )
+    print("plans:")
+    for a in p.plans:
+        print(
+            f"  {a.time:6.1f}s {a.stage.value:<11} {a.workers.count}w x {a.workers.cpu:g} + "
+            f"{a.ps.count}ps x {a.ps.cpu:g}: {a.reason}"
+        )
+    print("samples/s:", " ".join(f"{s.time:.0f}s:{s.throughput:.0f}" for s in p.samples))
+    steps = [a for a in p.plans if a.stage is Stage.AUTO_SCALE]
+    if steps:
+        before = [s.throughput for s in p.samples if s.time < steps[0].time and s.throughput]
+        after = [s.throughput for s in p.samples if s.time > steps[-1].time + 4][:-1]
+        if before[1:] and after:
+            b, a = statistics.median(before[1:]), statistics.median(after)
+            print(f"steady samples/s: {b:,.0f} at the start, {a:,.0f} at the end: x{a / b:.2f}")
+    print(f"held-out AUC {p.metrics.auc}")
+
+
+if __name__ == "__main__":
+    main()
