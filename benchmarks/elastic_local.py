@@ -1,13 +1,17 @@
 """An elastic run on this machine from an under-provisioned guess (issue 9's first figure).
 
-    python benchmarks/elastic_local.py [--rows 3500000] [--quota 2] [--output-dir DIR]
+    python benchmarks/elastic_local.py [--rows 3500000] [--quota 2] [--start 1x0.25,1x0.25]
+                                       [--output-dir DIR]
 
-Starts the ctr-local model (examples/ctr-local.yaml's shape) at 1 worker x 0.25 CPU + 1 PS x
-0.25 CPU under a quota of ``--quota`` CPU and lets the job master plan (Stage 2 every 10 s, the
-local planner settings of ``dlrover-kfp run``). Prints the plan timeline with its reasons, the
-samples/s timeline, the steady samples/s before the first step and after the last one (the
-ratio), and whether ``samples_processed`` equals rows x epochs minus the held-out rows. CPU
-limits are enforced where the machine allows cgroups (the profile says which).
+Starts the ctr-local model (examples/ctr-local.yaml's shape) at ``--start`` (workers x CPU,
+PS x CPU; default 1 worker x 0.25 CPU + 1 PS x 0.25 CPU, an under-provisioned guess; an
+over-provisioned one such as ``1x1,1x1`` shows the give-back) under a quota of ``--quota``
+CPU, and lets the job master plan (Stage 2 every 10 s, the local planner settings of
+``dlrover-kfp run``). Prints the plan timeline with its reasons, the samples/s timeline, the
+steady samples/s before the first step and after the last one (the ratio), CPU requested and
+used at the start and at the end, and whether ``samples_processed`` equals rows x epochs minus
+the held-out rows. CPU limits are enforced where the machine allows cgroups (the profile says
+which).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ TABLES = (
 )
 
 
-def spec(rows: int, quota: float) -> JobSpec:
+def spec(rows: int, quota: float, start: str) -> JobSpec:
+    (w, w_cpu), (p, p_cpu) = (part.split("x") for part in start.split(","))
     text = f"""
 name: elastic-local
 model: {{embedding_dim: 16, table_sizes: {TABLES}, bottom_mlp: [64, 32, 16], top_mlp: [64, 32, 1]}}
@@ -42,8 +47,8 @@ data: {{format: synthetic, rows: {rows}, seed: 1}}
 training: {{batch_size: 512, epochs: 1, learning_rate: 0.05}}
 resources:
   limits: {{cpu: {quota}, memory: 12Gi}}
-  workers: {{count: 1, cpu: 0.25, memory: 2Gi}}
-  ps: {{count: 1, cpu: 0.25, memory: 2Gi}}
+  workers: {{count: {w}, cpu: {w_cpu}, memory: 2Gi}}
+  ps: {{count: {p}, cpu: {p_cpu}, memory: 2Gi}}
 """
     return parse(JobSpec, load_text(text, "benchmark"), "benchmark")
 
@@ -52,15 +57,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=3_500_000)
     parser.add_argument("--quota", type=float, default=2.0)
+    parser.add_argument("--start", default="1x0.25,1x0.25", help="WxCPU,PxCPU to start from")
     parser.add_argument("--output-dir", help="keep the run here (default: a temporary folder)")
     args = parser.parse_args()
-    job = spec(args.rows, args.quota)
+    job = spec(args.rows, args.quota, args.start)
     settings = RunSettings(sample_interval_s=2.0, checkpoint_interval_s=0.0)
     plan = ResourcePlan(
         workers=job.resources.workers.to_group(),  # type: ignore[union-attr]
         ps=job.resources.ps.to_group(),  # type: ignore[union-attr]
         stage=Stage.MANUAL,
-        reason="the user's under-provisioned guess",
+        reason=f"the user's guess ({args.start})",
     )
     print(f"machine: {platform.platform()}, {platform.processor() or platform.machine()}")
     out = Path(args.output_dir) if args.output_dir else Path(tempfile.mkdtemp()) / "run"
@@ -102,6 +108,18 @@ def main() -> None:
         if before[1:] and after:
             b, a = statistics.median(before[1:]), statistics.median(after)
             print(f"steady samples/s: {b:,.0f} at the start, {a:,.0f} at the end: x{a / b:.2f}")
+    # CPU: requested vs used per sample, over the samples with training in them.
+    busy = [s for s in p.samples if s.throughput > 0 and s.nodes]
+    if busy:
+        first, last = busy[: max(1, len(busy) // 5)], busy[-max(1, len(busy) // 5) :]
+        for label, part in (("first fifth", first), ("last fifth", last)):
+            req = statistics.fmean(sum(n.cpu_requested for n in s.nodes) for s in part)
+            used = statistics.fmean(sum(n.cpu_used for n in s.nodes) for s in part)
+            x = statistics.fmean(s.throughput for s in part)
+            print(
+                f"{label}: CPU requested {req:.2f}, used {used:.2f}, idle {req - used:.2f}; "
+                f"{x:,.0f} samples/s"
+            )
     print(f"held-out AUC {p.metrics.auc}")
 
 
