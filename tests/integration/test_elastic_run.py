@@ -4,10 +4,14 @@ processes on the local backend (CPU limits enforced where the machine allows cgr
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import statistics
 import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.core.documents import load_text, parse
@@ -138,3 +142,73 @@ def test_a_worker_deleted_by_someone_else_is_relaunched_and_nothing_is_lost(
     relaunches = [e for e in profile.events if e.kind == "relaunch"]
     assert [e.node for e in relaunches] == ["elastic-worker-1"], profile.events
     assert "not counted against the job" in relaunches[0].detail
+
+
+def _pid_of(worker_index: int, master_port: int) -> int | None:
+    """The pid of this job's worker process, from /proc (the backend does not hand pids out)."""
+    wanted = ["worker", str(worker_index), "--master", f"127.0.0.1:{master_port}"]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        text = [a.decode(errors="replace") for a in args if a]
+        if "dlrover_kfp.training.node" in text and text[-len(wanted) :] == wanted:
+            return int(entry.name)
+    return None
+
+
+def test_a_worker_killed_with_sigkill_gives_its_shards_back_at_once_and_is_relaunched(
+    tmp_path: Path,
+) -> None:
+    if not Path("/proc/self/cmdline").exists():
+        pytest.skip("finds the worker's pid in /proc (Linux)")
+    spec = _spec(600_000, "{count: 2, cpu: 0.5, memory: 2Gi}", "{count: 1, cpu: 0.5, memory: 2Gi}")
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    measured: dict[str, float] = {}
+
+    def kill_a_worker(run: ElasticRun, backend: LocalBackend) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if run.samples and run.samples[-1].throughput > 0:
+                break
+            time.sleep(0.05)
+        pid = _pid_of(1, run.address[1])
+        assert pid is not None
+
+        def leased_by_worker_1() -> list[int]:
+            with run.state.lock:
+                doing = run.state.ledger.doing.items()
+                return [i for i, lease in doing if lease.worker.startswith("worker-1#")]
+
+        while not leased_by_worker_1() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        measured["leased"] = len(leased_by_worker_1())
+        killed = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        while leased_by_worker_1() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        measured["requeued_after_s"] = time.monotonic() - killed
+
+    quiet = dataclasses.replace(
+        PLANNER, auto_scale=dataclasses.replace(PLANNER.auto_scale, min_samples=10_000)
+    )
+    result = _run(spec, tmp_path, settings, during=kill_a_worker, planner=quiet)
+    profile = result.profile
+    assert measured.get("leased", 0) >= 1, measured
+    # Its leases are back in TODO as soon as the kernel closes its connection to the master.
+    assert measured["requeued_after_s"] < 2.0, measured
+    print(
+        f"\nSIGKILLed worker's {measured['leased']} lease(s) back in TODO after "
+        f"{measured['requeued_after_s'] * 1000:.0f} ms"
+    )
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    failures = [e for e in profile.events if e.kind == "failure"]
+    assert [e.node for e in failures] == ["elastic-worker-1"]
+    assert "exit code 137" in failures[0].detail
+    relaunches = [e for e in profile.events if e.kind == "relaunch"]
+    assert [e.node for e in relaunches] == ["elastic-worker-1"]
+    assert "failure 1 of 3" in relaunches[0].detail
