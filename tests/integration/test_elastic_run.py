@@ -212,3 +212,28 @@ def test_a_worker_killed_with_sigkill_gives_its_shards_back_at_once_and_is_relau
     relaunches = [e for e in profile.events if e.kind == "relaunch"]
     assert [e.node for e in relaunches] == ["elastic-worker-1"]
     assert "failure 1 of 3" in relaunches[0].detail
+
+
+def test_a_worker_over_its_memory_limit_is_oom_killed_and_relaunched_bigger(
+    tmp_path: Path,
+) -> None:
+    # 128 MiB cannot hold a worker process with torch loaded (well over 128 MiB): the
+    # backend kills it as OOMKilled, the policy relaunches it with x2 memory, and the job ends.
+    spec = _spec(
+        200_000, "{count: 1, cpu: 0.5, memory: 128Mi}", "{count: 1, cpu: 0.5, memory: 2Gi}"
+    )
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    quiet = dataclasses.replace(
+        PLANNER, auto_scale=dataclasses.replace(PLANNER.auto_scale, min_samples=10_000)
+    )
+    result = _run(spec, tmp_path, settings, planner=quiet)
+    profile = result.profile
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    ooms = [e for e in profile.events if e.kind == "oom"]
+    assert ooms and ooms[0].node == "elastic-worker-0", profile.events
+    relaunches = [e for e in profile.events if e.kind == "relaunch"]
+    assert relaunches and "OOM-killed at 128Mi: relaunched with 512Mi" in relaunches[0].detail
+    assert any(
+        n.memory_requested_mb == 512 for s in profile.samples for n in s.nodes if n.role == "worker"
+    )
