@@ -18,6 +18,13 @@ evaluate, profile) with its two hooks filled in:
     updates stay in the PS, as any asynchronous PS job's would). A live migration, with
     training paused only for the switch, is not built yet.
 
+* **instability**, before any resize: Stage 3 (:func:`~dlrover_kfp.core.planner.post_scale`)
+  on the samples since its last action. A worker relaunch (a memory trend toward its limit,
+  a pending pod) or replacement (a persistent straggler) is applied to that pod; a PS action
+  (hot PS, memory trend) resizes all PS stop-and-restart. Taking a slow worker's shards while it
+  still runs is not applied: it and the next holder would both report the shard, and samples
+  count at every report; its shards move when it is replaced.
+
 * **failures**: a failed worker goes to the relaunch policy
   (:func:`~dlrover_kfp.core.planner.relaunch.decide_relaunch`): relaunched as it was, bigger
   after an OOM, or the job fails after repeated failures. A failed PS fails the job (restoring
@@ -39,6 +46,7 @@ from dlrover_kfp.backends import ClusterBackend, PodPhase, PodStatus
 from dlrover_kfp.core.observation import Observation
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings, ScalingStep, auto_scale, context_from_spec
+from dlrover_kfp.core.planner.post_scale import Instability, post_scale
 from dlrover_kfp.core.planner.relaunch import (
     ExitCause,
     FailJob,
@@ -47,7 +55,7 @@ from dlrover_kfp.core.planner.relaunch import (
     Relaunch,
     decide_relaunch,
 )
-from dlrover_kfp.core.profile import AppliedPlan, JobEvent
+from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent
 from dlrover_kfp.core.reconcile import ChangeKind, Pod, reconcile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.job import JobFailedError, Progress, RunSettings, StaticRun
@@ -66,6 +74,8 @@ def local_planner_settings() -> PlannerSettings:
         defaults,
         node=dataclasses.replace(defaults.node, min_cpu=0.25, cpu_step=0.25, min_memory_mb=512),
         auto_scale=dataclasses.replace(defaults.auto_scale, min_interval_s=10.0, min_samples=3),
+        # Stage 3 looks one planning interval ahead for a memory trend.
+        post_scale=dataclasses.replace(defaults.post_scale, oom_horizon_s=10.0),
     )
 
 
@@ -119,6 +129,8 @@ class ElasticRun(StaticRun):
         ]
         #: every stop handled, for the relaunch policy's failure count
         self._stops: list[PodExit] = []
+        #: Stage 3 looks at samples from this index on (after its last action)
+        self._post_scale_from = 0
         #: (name, launch time) of failed pods already handled
         self._handled: set[tuple[str, float | None]] = set()
 
@@ -181,6 +193,19 @@ class ElasticRun(StaticRun):
         started = next((k for k, x in enumerate(self.samples) if x.throughput > 0), None)
         if started is None:
             return
+        with state.lock:
+            if state.ledger.finished:
+                return  # nothing left to lease: a new shape would only start idle pods
+        # Stage 3 first: instability (a memory trend toward a limit, a hot PS, a straggler)
+        # is acted on before any resize. It sees the samples since its own last action.
+        since = max(started + 1, self._post_scale_from)
+        unstable = post_scale(
+            self.ctx, self.plan, Instability(samples=self.samples[since:]), t, self.planner
+        )
+        if unstable is not None and unstable.actions:
+            self._apply_actions(state, unstable)
+            self._post_scale_from = len(self.samples)
+            return
         decision = auto_scale(
             self.ctx,
             self.plan,
@@ -192,9 +217,6 @@ class ElasticRun(StaticRun):
         )
         if decision.plan is None:
             return
-        with state.lock:
-            if state.ledger.finished:
-                return  # nothing left to lease: a new shape would only start idle pods
         window = self.samples[-self.planner.auto_scale.min_samples :]
         measured = statistics.fmean(x.throughput for x in window)
         before = self.plan
@@ -216,6 +238,60 @@ class ElasticRun(StaticRun):
         )
         self.events.append(
             JobEvent(time=round(applied_at, 3), kind="scale", detail=self.plan.reason)
+        )
+
+    def _apply_actions(self, state: MasterState, plan: ResourcePlan) -> None:
+        """Stage 3's node actions (see :mod:`dlrover_kfp.core.planner.post_scale`)."""
+        t = self.clock() - self.start
+        ps_target: NodeGroup | None = None
+        kind: EventKind
+        for action in plan.actions:
+            role = next((s.role for s in self.backend.statuses() if s.name == action.node), None)
+            if role == "ps":
+                # A PS is resized with all of them, stop-and-restart (a live migration of one
+                # PS is not built yet).
+                ps_target = NodeGroup(
+                    count=plan.ps.count,
+                    cpu=max(plan.ps.cpu, action.cpu or 0.0),
+                    memory_mb=max(plan.ps.memory_mb, action.memory_mb or 0),
+                )
+                kind = "migration"
+            elif action.kind in ("relaunch", "replace_worker"):
+                index = int(action.node.rsplit("-", 1)[1])
+                group = NodeGroup(
+                    count=1,
+                    cpu=action.cpu or self.workers.cpu,
+                    memory_mb=action.memory_mb or self.workers.memory_mb,
+                )
+                self._stop(action.node)
+                self._stopping.discard(action.node)
+                self.backend.launch(self._pod("worker", index, group, self.address))
+                kind = "relaunch" if action.kind == "relaunch" else "straggler"
+            else:
+                # reassign_shards: taking a live worker's leases would let it and the next
+                # holder both report the shard; its shards move when it is replaced instead.
+                kind = "straggler"
+            self.events.append(
+                JobEvent(time=round(t, 3), kind=kind, node=action.node, detail=action.reason)
+            )
+            self.progress(f"{self.run_id}: {action.node}: {action.reason}")
+        if ps_target is not None:
+            self._restart_with(state, dataclasses.replace(plan, workers=self.workers, ps=ps_target))
+        self.workers = NodeGroup(
+            count=self.workers.count,
+            cpu=self.workers.cpu,
+            memory_mb=max(self.workers.memory_mb, plan.workers.memory_mb),
+        )
+        self.plan = dataclasses.replace(plan, workers=self.workers, ps=self.ps)
+        applied = round(self.clock() - self.start, 3)
+        self.plans.append(
+            AppliedPlan(
+                time=applied,
+                stage=self.plan.stage,
+                reason=self.plan.reason,
+                workers=self.plan.workers,
+                ps=self.plan.ps,
+            )
         )
 
     def _current_pods(self) -> list[Pod]:
