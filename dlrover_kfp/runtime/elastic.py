@@ -55,7 +55,7 @@ from dlrover_kfp.core.planner.relaunch import (
     Relaunch,
     decide_relaunch,
 )
-from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent
+from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent, RuntimeSample
 from dlrover_kfp.core.reconcile import ChangeKind, Pod, reconcile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.job import JobFailedError, Progress, RunSettings, StaticRun
@@ -129,8 +129,8 @@ class ElasticRun(StaticRun):
         ]
         #: every stop handled, for the relaunch policy's failure count
         self._stops: list[PodExit] = []
-        #: Stage 3 looks at samples from this index on (after its last action)
-        self._post_scale_from = 0
+        #: indices into ``samples`` where pods were (re)started: the job's start, every change
+        self._starts: list[int] = [0]
         #: (name, launch time) of failed pods already handled
         self._handled: set[tuple[str, float | None]] = set()
 
@@ -180,6 +180,7 @@ class ElasticRun(StaticRun):
     def _relaunch_worker(self, name: str, index: int, decision: Relaunch, t: float) -> None:
         group = NodeGroup(count=1, cpu=decision.cpu, memory_mb=decision.memory_mb)
         self.backend.launch(self._pod("worker", index, group, self.address))
+        self._starts.append(len(self.samples))
         self.events.append(
             JobEvent(time=round(t, 3), kind="relaunch", node=name, detail=decision.reason)
         )
@@ -187,29 +188,43 @@ class ElasticRun(StaticRun):
 
     # -- decisions --------------------------------------------------------------------------
 
+    def _settled(self) -> list[RuntimeSample]:
+        """The samples that tell a shape's steady behaviour.
+
+        After every start of pods (the job's, a resize's, a relaunch's) the samples until the
+        first trained shard say nothing about the shape's speed (processes starting, the first
+        rows being read), the first one with progress is partial, and a new process's memory
+        grows while it loads and warms up, which is no trend toward a limit. Those samples are
+        left out of what Stage 2 and Stage 3 see.
+        """
+        settled: list[RuntimeSample] = []
+        for k, start in enumerate(self._starts):
+            end = self._starts[k + 1] if k + 1 < len(self._starts) else len(self.samples)
+            part = self.samples[start:end]
+            first = next((i for i, x in enumerate(part) if x.throughput > 0), None)
+            if first is not None:
+                settled.extend(part[first + 1 :])
+        return settled
+
     def _decide(self, state: MasterState, t: float) -> None:
-        # Samples before the first trained shard (pods starting, the first shard's rows being
-        # read) say nothing about the shape's speed; the first one with progress is partial.
-        started = next((k for k, x in enumerate(self.samples) if x.throughput > 0), None)
-        if started is None:
+        settled = self._settled()
+        if not settled:
             return
         with state.lock:
             if state.ledger.finished:
                 return  # nothing left to lease: a new shape would only start idle pods
         # Stage 3 first: instability (a memory trend toward a limit, a hot PS, a straggler)
-        # is acted on before any resize. It sees the samples since its own last action.
-        since = max(started + 1, self._post_scale_from)
-        unstable = post_scale(
-            self.ctx, self.plan, Instability(samples=self.samples[since:]), t, self.planner
-        )
+        # is acted on before any resize. It sees the settled samples since the last change.
+        recent = [x for x in settled if x.time >= self.samples[self._starts[-1]].time]
+        unstable = post_scale(self.ctx, self.plan, Instability(samples=recent), t, self.planner)
         if unstable is not None and unstable.actions:
             self._apply_actions(state, unstable)
-            self._post_scale_from = len(self.samples)
+            self._starts.append(len(self.samples))
             return
         decision = auto_scale(
             self.ctx,
             self.plan,
-            self.samples[started + 1 :],
+            settled,
             t,
             self.planner,
             last_step=self.last_step,
@@ -222,6 +237,7 @@ class ElasticRun(StaticRun):
         before = self.plan
         self.progress(f"{self.run_id}: plan at {t:.0f}s: {decision.plan.reason}")
         self._apply(state, decision.plan)
+        self._starts.append(len(self.samples))
         applied_at = self.clock() - self.start
         self.plan = decision.plan
         self.last_step = ScalingStep(

@@ -87,7 +87,7 @@ def _run(
 
 def test_an_under_provisioned_job_is_scaled_up_and_trains_every_row_once(tmp_path: Path) -> None:
     spec = _spec(
-        1_200_000, "{count: 1, cpu: 0.25, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
+        2_000_000, "{count: 1, cpu: 0.25, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
     )
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
     result = _run(spec, tmp_path, settings)
@@ -102,15 +102,18 @@ def test_an_under_provisioned_job_is_scaled_up_and_trains_every_row_once(tmp_pat
     assert first.workers.total_cpu + first.ps.total_cpu > 0.5
     assert first.workers.total_cpu + first.ps.total_cpu <= 2.0
     assert any(e.kind == "scale" for e in profile.events)
-    # Faster: the steady samples/s at the last shape against the first shape's.
-    start = [s.throughput for s in profile.samples if s.time < first.time and s.throughput > 0]
-    end = [
-        s.throughput
-        for s in profile.samples
-        if s.time > steps[-1].time and s.workers == steps[-1].workers.count
-    ][2:-1]
+
+    # Faster: the steady samples/s at the last shape against the first shape's (each without
+    # its start-up: the samples up to and including its first with progress).
+    def steady(samples: list[float]) -> list[float]:
+        first = next(i for i, x in enumerate(samples) if x > 0)
+        return samples[first + 1 :]
+
+    last = profile.plans[-1].time
+    start = steady([s.throughput for s in profile.samples if s.time < first.time])
+    end = steady([s.throughput for s in profile.samples if s.time > last])[:-1]
     assert start and end, profile.samples
-    assert statistics.median(end) >= 2 * statistics.median(start[1:] or start)
+    assert statistics.median(end) >= 2 * statistics.median(start), (start, end)
     assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
 
 
