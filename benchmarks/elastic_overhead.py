@@ -22,32 +22,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import elastic_local  # the benchmark job, beside this script
+
 from dlrover_kfp.backends import LocalBackend
-from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.elastic import ElasticRun, local_planner_settings
 from dlrover_kfp.runtime.job import RunSettings, StaticRun
 
-TABLES = (
-    "[1000, 500, 10000, 20000, 50, 300, 100000, 7, 4000, 100, 3000, 60000, 200, 9000, 30, "
-    "1500, 80000, 12, 600, 70000, 2500, 400, 5000, 40000, 900, 15000]"
-)
-
 
 def spec(rows: int) -> JobSpec:
-    text = f"""
-name: overhead
-model: {{embedding_dim: 16, table_sizes: {TABLES}, bottom_mlp: [64, 32, 16], top_mlp: [64, 32, 1]}}
-data: {{format: synthetic, rows: {rows}, seed: 1}}
-training: {{batch_size: 512, epochs: 1, learning_rate: 0.05}}
-resources:
-  limits: {{cpu: 2, memory: 12Gi}}
-  workers: {{count: 1, cpu: 1, memory: 2Gi}}
-  ps: {{count: 1, cpu: 0.5, memory: 2Gi}}
-"""
-    return parse(JobSpec, load_text(text, "benchmark"), "benchmark")
+    """elastic_local.py's job (one definition of the benchmark model) at 1w x 1 + 1ps x 0.5."""
+    return elastic_local.spec(rows, quota=2.0, start="1x1,1x0.5")
 
 
 def steady(profile: JobProfile) -> float:

@@ -440,7 +440,7 @@ def main() -> None:
                 ratio = ours.pairs_per_s / theirs.pairs_per_s
                 verdict = "met" if ratio >= TARGET else "NOT met"
                 print(f"ratio: {ratio:.2f} (target >= {TARGET:g}: {verdict})")
-        except Exception:
+        except Exception:  # not swallowed: shown with the children's output, then re-raised
             log.flush()
             log.seek(0)
             tail = log.read()[-4000:]

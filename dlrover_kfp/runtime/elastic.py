@@ -37,7 +37,6 @@ in the profile.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,7 +44,13 @@ from pathlib import Path
 from dlrover_kfp.backends import ClusterBackend, PodPhase, PodStatus
 from dlrover_kfp.core.observation import Observation
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan
-from dlrover_kfp.core.planner import PlannerSettings, ScalingStep, auto_scale, context_from_spec
+from dlrover_kfp.core.planner import (
+    PlannerSettings,
+    ScalingStep,
+    auto_scale,
+    context_from_spec,
+    throughput_before,
+)
 from dlrover_kfp.core.planner.post_scale import Instability, post_scale
 from dlrover_kfp.core.planner.relaunch import (
     ExitCause,
@@ -232,8 +237,7 @@ class ElasticRun(StaticRun):
         )
         if decision.plan is None:
             return
-        window = self.samples[-self.planner.auto_scale.min_samples :]
-        measured = statistics.fmean(x.throughput for x in window)
+        measured = throughput_before(settled, self.planner)
         before = self.plan
         self.progress(f"{self.run_id}: plan at {t:.0f}s: {decision.plan.reason}")
         self._apply(state, decision.plan)
@@ -261,9 +265,9 @@ class ElasticRun(StaticRun):
         t = self.clock() - self.start
         ps_target: NodeGroup | None = None
         kind: EventKind
+        roles = {s.name: s.role for s in self.backend.statuses()}
         for action in plan.actions:
-            role = next((s.role for s in self.backend.statuses() if s.name == action.node), None)
-            if role == "ps":
+            if roles.get(action.node) == "ps":
                 # A PS is resized with all of them, stop-and-restart (a live migration of one
                 # PS is not built yet).
                 ps_target = NodeGroup(

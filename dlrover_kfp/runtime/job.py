@@ -361,9 +361,9 @@ class StaticRun:
             reason = str(exc)
             self.progress(f"{self.run_id}: FAILED: {reason}")
         finally:
-            coordinator = getattr(self, "coordinator", coordinator)
             if coordinator is not None:
-                coordinator.close()
+                # The current one: an elastic run replaces it when it restarts the PS.
+                self.coordinator.close()
             self.backend.close()
             server.stop()
             server.close()
@@ -448,7 +448,8 @@ class StaticRun:
                 # Applying a plan takes time: the next sample starts a fresh window.
                 t = self.clock() - start
                 if self.samples and t - self.samples[-1].time > s.sample_interval_s:
-                    last_sample = (t, *state.totals()[:1], state.totals()[2])
+                    trained, _, loss_sum, _ = state.totals()
+                    last_sample = (t, trained, loss_sum)
                     next_sample = t + s.sample_interval_s
             if t >= next_checkpoint:
                 steps = state.totals()[1]

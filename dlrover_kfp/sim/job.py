@@ -19,6 +19,7 @@ from dlrover_kfp.core.planner import (
     ScalingStep,
     auto_scale,
     context_from_spec,
+    throughput_before,
 )
 from dlrover_kfp.core.profile import (
     AppliedPlan,
@@ -139,8 +140,7 @@ def simulate_job(
             break
         decision = auto_scale(ctx, current, samples, t, settings, last_step=last, known=known)
         if decision.plan is not None:
-            measured = sum(s.throughput for s in samples[-settings.auto_scale.min_samples :])
-            measured /= min(len(samples), settings.auto_scale.min_samples)
+            measured = throughput_before(samples, settings)
             t += sim.resize_pause_s
             last = ScalingStep(
                 time=t, before=current, throughput_before=measured, kind=decision.kind

@@ -7,7 +7,12 @@
 The elastic runtime and the cluster simulator both call these functions; neither has a copy.
 """
 
-from dlrover_kfp.core.planner.auto_scale import AutoScaleDecision, ScalingStep, auto_scale
+from dlrover_kfp.core.planner.auto_scale import (
+    AutoScaleDecision,
+    ScalingStep,
+    auto_scale,
+    throughput_before,
+)
 from dlrover_kfp.core.planner.context import PlanningContext, context_from_spec
 from dlrover_kfp.core.planner.post_scale import Instability, post_scale
 from dlrover_kfp.core.planner.search import InfeasiblePlanError
@@ -26,5 +31,6 @@ __all__ = [
     "context_from_spec",
     "post_scale",
     "select_similar",
+    "throughput_before",
     "warm_start",
 ]

@@ -63,6 +63,15 @@ class ScalingStep:
     kind: StepKind = "grow"
 
 
+def throughput_before(samples: Sequence[RuntimeSample], settings: PlannerSettings) -> float:
+    """What a step is judged against (:attr:`ScalingStep.throughput_before`): the mean samples/s
+    of the last ``min_samples`` samples, the window the decision was made on; 0 without any.
+    The one rule for every caller that applies a Stage-2 plan (the job master, the simulators).
+    """
+    recent = samples[-settings.auto_scale.min_samples :]
+    return statistics.fmean(x.throughput for x in recent) if recent else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class AutoScaleDecision:
     """``plan`` is None when the current plan should stand; ``reason`` says why either way.

@@ -17,13 +17,12 @@ protocol and the planner's functions.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 from dlrover_kfp.core.observation import Observation
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings, context_from_spec
-from dlrover_kfp.core.planner.auto_scale import ScalingStep, auto_scale
+from dlrover_kfp.core.planner.auto_scale import ScalingStep, auto_scale, throughput_before
 from dlrover_kfp.core.planner.context import PlanningContext
 from dlrover_kfp.core.planner.post_scale import Instability, post_scale
 from dlrover_kfp.core.profile import JobEvent, JobProfile
@@ -118,8 +117,7 @@ class PlannerPolicy:
             state.quiet += 1
             return None
         state.quiet = 0
-        recent = job.samples[-self.settings.auto_scale.min_samples :]
-        measured = statistics.fmean(s.throughput for s in recent) if recent else 0.0
+        measured = throughput_before(job.samples, self.settings)
         state.last_step = (
             None
             if decision.kind == "rollback"
