@@ -53,6 +53,16 @@ resources:
     return parse(JobSpec, load_text(text, "benchmark"), "benchmark")
 
 
+def user_plan(job: JobSpec, reason: str) -> ResourcePlan:
+    """The pods the spec asks for, as the plan a run starts from."""
+    return ResourcePlan(
+        workers=job.resources.workers.to_group(),  # type: ignore[union-attr]
+        ps=job.resources.ps.to_group(),  # type: ignore[union-attr]
+        stage=Stage.MANUAL,
+        reason=reason,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=3_500_000)
@@ -62,12 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     job = spec(args.rows, args.quota, args.start)
     settings = RunSettings(sample_interval_s=2.0, checkpoint_interval_s=0.0)
-    plan = ResourcePlan(
-        workers=job.resources.workers.to_group(),  # type: ignore[union-attr]
-        ps=job.resources.ps.to_group(),  # type: ignore[union-attr]
-        stage=Stage.MANUAL,
-        reason=f"the user's guess ({args.start})",
-    )
+    plan = user_plan(job, f"the user's guess ({args.start})")
     print(f"machine: {platform.platform()}, {platform.processor() or platform.machine()}")
     out = Path(args.output_dir) if args.output_dir else Path(tempfile.mkdtemp()) / "run"
     shutil.rmtree(out, ignore_errors=True)

@@ -1,62 +1,107 @@
-"""The quickstart: scheduled retraining of a daily CTR job, several rounds, on embedded defaults.
+"""The quickstart: scheduled retraining of a small CTR job, several rounds, trained for real.
 
-Each round plans the job from the SQLite history (cold start the first time: the user's own,
-over-provisioned guess), runs it, and records its profile, so that the next round warm-starts
-from what this one used. Until the DLRM trainer lands, a round runs the job in simulated time
-against a synthetic workload with a known throughput function (dlrover_kfp.sim): the planner,
-the auto-scaling loop and the history store are the real ones.
+Each round is one ``dlrover-kfp run`` of the same job on this machine
+(:func:`~dlrover_kfp.runtime.launch.run_local`: the PS and workers are local processes, each
+held to its CPU where the machine allows cgroups): Stage 1 plans its start from the history,
+Stage 2 and Stage 3 resize it while it trains, and its profile goes to the history, so that the
+next round warm-starts from what this one used. The job's own resources are a user's
+under-provisioned guess (one worker and one PS of a quarter core each, under a 2-CPU quota):
+with no similar job in the history, round 1 starts from that guess (a cold start) and Stage 2
+has to grow it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import shutil
+import statistics
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 
-from dlrover_kfp.core.plan import NodeGroup, ResourcePlan
-from dlrover_kfp.core.planner import PlannerSettings
-from dlrover_kfp.core.profile import JobProfile
+from dlrover_kfp.core.documents import parse
+from dlrover_kfp.core.plan import NodeGroup, Stage
+from dlrover_kfp.core.profile import AppliedPlan, JobProfile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.core.summary import format_timestamp
-from dlrover_kfp.planning import plan_job_with_history
-from dlrover_kfp.ports import Clock, FixedClock, HistoryStore
-from dlrover_kfp.sim.job import simulate_job
-from dlrover_kfp.sim.workload import Truth
+from dlrover_kfp.runtime.job import RunResult, RunSettings
+from dlrover_kfp.runtime.launch import run_local
+from dlrover_kfp.training.data import open_dataset, split_ranges
 
-DAY_S = 86400.0
+#: Synthetic rows per round. On 2 cores: JCT 60-70 s from the guess (about 15 s of it starting
+#: pods at a quarter core), 30-35 s warm-started; three rounds 2-3 minutes in all.
+DEFAULT_ROWS = 1_000_000
 
-#: The job a platform team might run every night: 26 tables, a day of logs, and the resources
-#: a user typically asks for -- far more CPU per pod than the trainer can use.
-QUICKSTART_SPEC = JobSpec(
-    name="ctr-daily",
-    scenario="ads-ctr-quickstart",
-    model={  # type: ignore[arg-type]
-        "embedding_dim": 16,
-        "table_sizes": [100_000, 50_000, 50_000, 20_000, 10_000, 10_000, 5_000, 5_000]
-        + [1_000] * 8
-        + [100] * 10,
-    },
-    data={"format": "synthetic", "rows": 400_000_000, "seed": 1},  # type: ignore[arg-type]
-    training={"batch_size": 512, "epochs": 1},  # type: ignore[arg-type]
-    resources={  # type: ignore[arg-type]
-        "limits": {"cpu": 128, "memory": "512Gi"},
-        "workers": {"count": 8, "cpu": 8, "memory": "16Gi"},
-        "ps": {"count": 4, "cpu": 8, "memory": "32Gi"},
-    },
-    elastic={"max_workers": 32, "max_ps": 8},  # type: ignore[arg-type]
-)
+#: The embedding tables of examples/ctr-local.yaml: 26 Criteo-like features, 7 to 100k rows.
+TABLE_SIZES = (
+    1000, 500, 10000, 20000, 50, 300, 100000, 7, 4000, 100, 3000, 60000, 200,
+    9000, 30, 1500, 80000, 12, 600, 70000, 2500, 400, 5000, 40000, 900, 15000,
+)  # fmt: skip
+
+#: What a run writes in its directory; a round's directory is emptied of these before it runs
+#: (a checkpoint left by an earlier quickstart would otherwise be restored as the newest).
+RUN_OUTPUTS = ("profile.json", "model", "checkpoints", "logs")
+
+
+def quickstart_spec(rows: int = DEFAULT_ROWS) -> JobSpec:
+    """The job every round retrains: the ctr-local model on ``rows`` synthetic rows, with the
+    user's under-provisioned guess (1 worker x 0.25 CPU + 1 PS x 0.25 CPU) under a 2-CPU
+    quota."""
+    return parse(
+        JobSpec,
+        {
+            "name": "ctr-quickstart",
+            "scenario": "ads-ctr-quickstart",
+            "model": {
+                "embedding_dim": 16,
+                "table_sizes": list(TABLE_SIZES),
+                "bottom_mlp": [64, 32, 16],
+                "top_mlp": [64, 32, 1],
+            },
+            "data": {"format": "synthetic", "rows": rows, "seed": 1},
+            "training": {"batch_size": 512, "epochs": 1, "learning_rate": 0.05},
+            "resources": {
+                "limits": {"cpu": 2, "memory": "12Gi"},
+                "workers": {"count": 1, "cpu": 0.25, "memory": "2Gi"},
+                "ps": {"count": 1, "cpu": 0.25, "memory": "2Gi"},
+            },
+        },
+        "quickstart",
+    )
+
+
+def expected_samples(spec: JobSpec, settings: RunSettings) -> int:
+    """Rows x epochs less the held-out rows: what a run must report, exactly."""
+    dataset = open_dataset(spec.data, spec.model)
+    train, _ = split_ranges(dataset.source_rows, settings.shard_rows, settings.eval_fraction)
+    return sum(r.end - r.start for r in train) * spec.training.epochs
 
 
 @dataclass(frozen=True, slots=True)
 class RoundResult:
     round: int
-    plan: ResourcePlan
-    profile: JobProfile
-    new: bool
+    run_dir: Path
+    result: RunResult
+    expected_samples: int
 
     @property
-    def final(self) -> tuple[NodeGroup, NodeGroup]:
-        last = self.profile.plans[-1]
-        return last.workers, last.ps
+    def profile(self) -> JobProfile:
+        return self.result.profile
+
+    @property
+    def start(self) -> AppliedPlan:
+        """The plan the round started with (Stage 1's)."""
+        return self.profile.plans[0]
+
+    @property
+    def final(self) -> AppliedPlan:
+        """The plan it ended with."""
+        return self.profile.plans[-1]
+
+    @property
+    def resizes(self) -> list[AppliedPlan]:
+        """The plans Stage 2 (auto-scale) and Stage 3 (post-scale) applied while it ran."""
+        return [p for p in self.profile.plans if p.stage in (Stage.AUTO_SCALE, Stage.POST_SCALE)]
 
     @property
     def cpu_utilization(self) -> float:
@@ -66,66 +111,152 @@ class RoundResult:
         return used / given if given else 0.0
 
     @property
-    def resizes(self) -> int:
-        return len(self.profile.plans) - 1
+    def steady_throughput(self) -> float:
+        """Median samples/s at the final plan, leaving out its first sample (pods starting)
+        and the run's last (a partial window); all training samples when too few remain."""
+        after = [
+            s.throughput
+            for s in self.profile.samples
+            if s.time > self.final.time and s.throughput > 0
+        ]
+        if len(after) > 2:
+            return statistics.median(after[1:-1])
+        training = [s.throughput for s in self.profile.samples if s.throughput > 0]
+        return statistics.median(training) if training else 0.0
+
+    @property
+    def succeeded(self) -> bool:
+        return self.result.succeeded
+
+    @property
+    def exact(self) -> bool:
+        return self.profile.outcome.samples_processed == self.expected_samples
+
+
+def _clear_run_outputs(run_dir: Path) -> None:
+    for name in RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _tagged(progress: Callable[[str], None], tag: str) -> Callable[[str], None]:
+    return lambda line: progress(tag + line)
 
 
 def run_quickstart(
-    store: HistoryStore,
-    clock: Clock,
+    output_dir: Path,
+    history_url: str,
     rounds: int,
     progress: Callable[[str], None],
-    spec: JobSpec = QUICKSTART_SPEC,
-    settings: PlannerSettings | None = None,
+    *,
+    rows: int = DEFAULT_ROWS,
+    settings: RunSettings | None = None,
+    on_round: Callable[[RoundResult], None] | None = None,
 ) -> list[RoundResult]:
-    settings = settings or PlannerSettings()
-    truth = Truth(batch=spec.training.batch_size)
-    results = []
-    start = clock.now() - rounds * DAY_S
-    for r in range(1, rounds + 1):
-        day = start + (r - 1) * DAY_S
+    """Run ``rounds`` rounds of :func:`quickstart_spec` (``rows`` rows), each in
+    ``output_dir/round-N``, planned from and recorded in the history at ``history_url``.
 
-        plan, known = plan_job_with_history(spec, store, FixedClock(day), settings)
-        progress(f"round {r}/{rounds}: {plan.stage.value}: {plan.reason}")
-        profile = simulate_job(
+    ``on_round`` is called with each round's result as soon as it ends. A failed round is
+    recorded and reported like any other; the next round still runs."""
+    spec = quickstart_spec(rows)
+    settings = settings or RunSettings()
+    expected = expected_samples(spec, settings)
+    results = []
+    for r in range(1, rounds + 1):
+        run_dir = output_dir / f"round-{r}"
+        _clear_run_outputs(run_dir)
+        stamp = datetime.fromtimestamp(time.time(), UTC).strftime("%Y%m%dT%H%M%S")
+        result = run_local(
             spec,
-            plan,
-            truth,
-            run_id=f"{spec.name}-{int(day)}",
-            started_at=format_timestamp(day),
-            seed=r,
+            output_dir=run_dir,
+            base_dir=output_dir,
             settings=settings,
-            known=known,
+            progress=_tagged(progress, f"[round {r}/{rounds}] "),
+            history_url=history_url,
+            run_id=f"{spec.name}-{stamp}-r{r}",
         )
-        new = store.record(profile)
-        result = RoundResult(round=r, plan=plan, profile=profile, new=new)
-        progress(
-            f"round {r}/{rounds}: {profile.outcome.status} in "
-            f"{profile.outcome.jct_seconds / 60:.1f} min, {result.resizes} resize(s), "
-            f"CPU utilisation {result.cpu_utilization:.0%}"
-        )
-        results.append(result)
+        done = RoundResult(round=r, run_dir=run_dir, result=result, expected_samples=expected)
+        if on_round is not None:
+            on_round(done)
+        results.append(done)
     return results
 
 
+# -- reporting -------------------------------------------------------------------------------
+
+
 def _shape(w: NodeGroup, p: NodeGroup) -> str:
-    return f"{w.count}x{w.cpu:g}cpu + {p.count}x{p.cpu:g}cpu"
+    return f"{w.count}w x {w.cpu:g} + {p.count}ps x {p.cpu:g} = {w.total_cpu + p.total_cpu:g} CPU"
 
 
-def format_table(results: list[RoundResult]) -> str:
+def _plan_line(label: str, plan: AppliedPlan) -> str:
+    return f"  {label:<12} {_shape(plan.workers, plan.ps)}  [{plan.stage.value}] {plan.reason}"
+
+
+def format_round(r: RoundResult, rounds: int) -> str:
+    """One round's report: its plans with their reasons, JCT, throughput, CPU use, AUC."""
+    p = r.profile
+    auc = f"{p.metrics.auc:.3f}" if p.metrics.auc is not None else "-"
+    samples = (
+        f"{p.outcome.samples_processed:,} samples "
+        f"({'exact' if r.exact else f'expected {r.expected_samples:,}'})"
+    )
+    status = p.outcome.status + (f" ({p.outcome.reason})" if p.outcome.reason else "")
+    lines = [
+        f"round {r.round}/{rounds}: {status} in {p.outcome.jct_seconds:.1f} s, {samples}",
+        _plan_line("started with", r.start),
+    ]
+    for plan in r.resizes:
+        lines.append(_plan_line(f"at {plan.time:.1f} s", plan))
+    if not r.resizes:
+        lines.append("  no resizes")
+    lines.append(f"  {'ended with':<12} {_shape(r.final.workers, r.final.ps)}")
+    lines.append(
+        f"  steady {r.steady_throughput:,.0f} samples/s at the final plan; CPU used/requested "
+        f"{r.cpu_utilization:.0%}; held-out AUC {auc}"
+    )
+    lines.append(f"  run directory: {r.run_dir} (profile.json, model/, logs/)")
+    return "\n".join(lines)
+
+
+def _cpu(plan: AppliedPlan) -> float:
+    return plan.workers.total_cpu + plan.ps.total_cpu
+
+
+def _compact(plan: AppliedPlan) -> str:
+    return f"{plan.workers.count}x{plan.workers.cpu:g}+{plan.ps.count}x{plan.ps.cpu:g}"
+
+
+def format_table(results: Sequence[RoundResult]) -> str:
+    """The rounds side by side (shapes are workers x CPU + PS x CPU, then the total CPU)."""
     head = (
-        f"{'round':>5}  {'stage':<11}  {'starts with':<24}  {'ends with':<24}  "
-        f"{'resizes':>7}  {'JCT min':>7}  {'CPU util':>8}"
+        f"{'round':>5}  {'status':<9}  {'start stage':<11}  {'starts with':<20}  "
+        f"{'ends with':<20}  {'resizes':>7}  {'JCT s':>6}  {'samples/s':>9}  "
+        f"{'CPU util':>8}  {'AUC':>5}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
-        w, p = r.final
+        start = f"{_compact(r.start)} ({_cpu(r.start):g})"
+        end = f"{_compact(r.final)} ({_cpu(r.final):g})"
+        auc = f"{r.profile.metrics.auc:.3f}" if r.profile.metrics.auc is not None else "-"
         lines.append(
-            f"{r.round:>5}  {r.plan.stage.value:<11}  {_shape(r.plan.workers, r.plan.ps):<24}  "
-            f"{_shape(w, p):<24}  {r.resizes:>7}  {r.profile.outcome.jct_seconds / 60:>7.1f}  "
-            f"{r.cpu_utilization:>8.0%}"
+            f"{r.round:>5}  {r.profile.outcome.status:<9}  {r.start.stage.value:<11}  "
+            f"{start:<20}  {end:<20}  {len(r.resizes):>7}  "
+            f"{r.profile.outcome.jct_seconds:>6.1f}  {r.steady_throughput:>9,.0f}  "
+            f"{r.cpu_utilization:>8.0%}  {auc:>5}"
         )
     return "\n".join(lines)
 
 
-__all__ = ["QUICKSTART_SPEC", "RoundResult", "format_table", "run_quickstart"]
+__all__ = [
+    "DEFAULT_ROWS",
+    "RoundResult",
+    "expected_samples",
+    "format_round",
+    "format_table",
+    "quickstart_spec",
+    "run_quickstart",
+]

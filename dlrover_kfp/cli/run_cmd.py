@@ -4,28 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.cli.common import HELP_FORMAT, add_history_option, history_url
 from dlrover_kfp.core.documents import to_dict
-from dlrover_kfp.core.observation import Observation
-from dlrover_kfp.core.plan import ResourcePlan
-from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.files import read_document
-from dlrover_kfp.history import open_history
-from dlrover_kfp.planning import plan_job_with_history
-from dlrover_kfp.ports import SystemClock
-from dlrover_kfp.runtime.elastic import ElasticRun, local_planner_settings
-from dlrover_kfp.runtime.job import RunSettings, StaticRun
-
-log = logging.getLogger(__name__)
+from dlrover_kfp.runtime.job import RunSettings
+from dlrover_kfp.runtime.launch import run_local, unwind_on_sigterm
 
 
 def register(sub: Any) -> None:
@@ -35,10 +23,13 @@ def register(sub: Any) -> None:
         description="Train a job as separate PS and worker processes. By default the run is "
         "elastic: it starts from Stage 1's plan (warm start from --history's similar jobs, else "
         "the spec's own resources, else a small default), Stage 2 resizes it while it trains "
-        "(worker changes live; a PS change stops the workers, checkpoints and restarts the PS "
-        "re-partitioned), and failed workers are relaunched (bigger after an OOM) until one "
-        "fails 3 times in 10 minutes. With --static the spec's own resources are kept for the "
-        "whole run and a failed pod fails it. Writes OUTPUT_DIR/profile.json (profile schema "
+        "and Stage 3 acts on instability (worker changes live; a PS change or a hot PS moves "
+        "the PS to new pods while training goes on, paused only for the switch), failed "
+        "workers are relaunched (bigger after an OOM) until one fails 3 times in 10 minutes, "
+        "and a failed PS rolls the job back to its last checkpoint. A run whose master was "
+        "killed resumes from its last checkpoint when the same command is run again. With "
+        "--static the spec's own resources are kept for the whole run and a failed pod fails "
+        "it. Writes OUTPUT_DIR/profile.json (profile schema "
         "v1, with every plan applied and every event), OUTPUT_DIR/model/ and the checkpoints; "
         "with --history the profile is also recorded in the history store, failed runs "
         "included. Prints the outcome and metrics as JSON on stdout; progress goes to stderr.",
@@ -75,24 +66,6 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=_run)
 
 
-def _stage_1(
-    spec: JobSpec, url: str | None, planner: PlannerSettings
-) -> tuple[ResourcePlan, list[Observation]]:
-    """Stage 1's plan and the similar jobs' measurements (none without a history store)."""
-    if url is None:
-        return plan_job_with_history(spec, None, SystemClock(), planner)
-    store = open_history(url)
-    try:
-        return plan_job_with_history(spec, store, SystemClock(), planner)
-    finally:
-        store.close()
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM (Kubernetes, Airflow, kill) unwinds like Ctrl-C, so the backend stops every pod.
-    raise KeyboardInterrupt
-
-
 def _run(args: argparse.Namespace) -> int:
     for name in ("checkpoint_interval", "sample_interval"):
         if getattr(args, name) < 0 or (name == "sample_interval" and args.sample_interval == 0):
@@ -112,42 +85,18 @@ def _run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    run: StaticRun
-    signal.signal(signal.SIGTERM, _terminate)
-    with LocalBackend(output / "logs") as backend:
-        if args.static:
-            run = StaticRun(
-                spec,
-                backend,
-                output_dir=output,
-                base_dir=job_path.resolve().parent,
-                settings=settings,
-                progress=progress,
-            )
-        else:
-            planner = local_planner_settings()
-            plan, known = _stage_1(spec, url, planner)
-            progress(f"{spec.name}: starting plan ({plan.stage.value}): {plan.reason}")
-            run = ElasticRun(
-                spec,
-                backend,
-                plan=plan,
-                planner=planner,
-                output_dir=output,
-                base_dir=job_path.resolve().parent,
-                settings=settings,
-                progress=progress,
-                known=known,
-            )
-        result = run.run()
+    unwind_on_sigterm()
+    result = run_local(
+        spec,
+        output_dir=output,
+        base_dir=job_path.resolve().parent,
+        settings=settings,
+        progress=progress,
+        history_url=url,
+        static=args.static,
+        resume=True,
+    )
     profile = result.profile
-    if url is not None:
-        store = open_history(url)
-        try:
-            new = store.record(profile)
-        finally:
-            store.close()
-        log.info("history: %s %s", "recorded" if new else "already had", profile.run_id)
     summary = {
         "run_id": profile.run_id,
         "outcome": to_dict(profile.outcome),

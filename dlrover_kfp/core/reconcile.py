@@ -164,4 +164,26 @@ def reconcile(
     return tuple(changes)
 
 
-__all__ = ["ChangeKind", "Pod", "PodChange", "reconcile"]
+def move_ps(
+    current: Sequence[Pod], index: int, quota_cpu: float, quota_memory_mb: int
+) -> PodChange:
+    """Move PS ``index`` to a new pod of its own size (a hot PS leaving a contended node).
+
+    Live when the quota has room for the new pod beside every current one; otherwise the old
+    pod stops first (stop-and-restart of that PS).
+    """
+    old = next((p for p in current if p.role == "ps" and p.index == index), None)
+    if old is None:
+        raise ValueError(f"ps-{index} is not a current pod")
+    peak = _total(current).plus(old.cpu, old.memory_mb)
+    return PodChange(
+        kind=ChangeKind.MIGRATE_PS,
+        index=index,
+        cpu=old.cpu,
+        memory_mb=old.memory_mb,
+        live=peak.within(quota_cpu, quota_memory_mb),
+        reason=f"{old.name}: moved to a new pod of {old.cpu:g} cpu / {old.memory_mb}Mi",
+    )
+
+
+__all__ = ["ChangeKind", "Pod", "PodChange", "move_ps", "reconcile"]

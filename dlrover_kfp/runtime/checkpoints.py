@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from dlrover_kfp.core.shards import ShardLedger
+from dlrover_kfp.runtime.master import MasterState, WorkerStats
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.wire import Connection, connect
 
@@ -23,6 +25,24 @@ log = logging.getLogger("dlrover_kfp.checkpoints")
 
 #: Seconds between polls of the PS's persist status.
 _POLL_S = 0.05
+
+
+def restore_extra(state: MasterState, extra: dict[str, Any] | None, initial: ShardLedger) -> None:
+    """Put back the master's state committed with a checkpoint (``extra``: the shard ledger and
+    the per-worker counts, see ``StaticRun._checkpoint_extra``), or, without one, the job's
+    start: ``initial``'s shards all to do and nothing counted. Call with ``state.lock`` held.
+    """
+    if extra is None or "shards" not in extra:
+        state.ledger = ShardLedger(initial.ranges, epochs=initial.epochs, lease_s=initial.lease_s)
+        state.workers = {}
+        return
+    state.ledger = ShardLedger.from_dict(extra["shards"])
+    state.workers = {
+        str(name): WorkerStats(
+            samples=int(samples), steps=int(steps), loss_sum=float(loss), bad_rows=int(bad)
+        )
+        for name, (samples, steps, loss, bad) in dict(extra.get("stats", {})).items()
+    }
 
 
 class CheckpointCoordinator:
@@ -78,13 +98,35 @@ class CheckpointCoordinator:
         if self._thread is not None:
             self._thread.join()
 
-    def _run(self, step: int, extra: dict[str, Any]) -> None:
+    def snapshot(self, step: int, *, extra: dict[str, Any]) -> None:
+        """Start a checkpoint of ``step`` and return once every PS has its snapshot in shared
+        memory (a PS restores from that at once); persisting and committing go on behind.
+
+        Used while the workers are paused: the pause lasts the copy, not the write to disk.
+        """
+        self.join()
+        snapped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(step, extra, snapped), name="checkpoint", daemon=True
+        )
+        self._thread.start()
+        while not snapped.wait(0.05):
+            if not self._thread.is_alive():
+                break
+        if self.error is not None:
+            raise self.error
+
+    def _run(
+        self, step: int, extra: dict[str, Any], snapped: threading.Event | None = None
+    ) -> None:
         try:
             with self._lock:
                 blocked = [
                     float(conn.request("checkpoint", {"step": step}).meta["blocked_s"])
                     for conn in self.connections
                 ]
+                if snapped is not None:
+                    snapped.set()
                 self.blocked_s.append(max(blocked))
                 parts = [self._wait_persisted(conn, step) for conn in self.connections]
                 path = ckpt.commit(self.root, step, parts, extra, keep=self.keep)
@@ -110,11 +152,12 @@ class CheckpointCoordinator:
             time.sleep(_POLL_S)
         raise ckpt.CheckpointWriteError(f"step {step} not persisted within {self.timeout_s:.0f}s")
 
-    def shutdown_ps(self) -> None:
-        """Stop every PS (after the final checkpoint)."""
+    def shutdown_ps(self, indices: Collection[int] | None = None) -> None:
+        """Stop every PS (after the final checkpoint), or those of ``indices``."""
         self.join()
-        for conn in self.connections:
-            conn.request("shutdown")
+        for k, conn in enumerate(self.connections):
+            if indices is None or k in indices:
+                conn.request("shutdown")
 
     def close(self) -> None:
         self.join()

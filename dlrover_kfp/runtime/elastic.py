@@ -10,18 +10,25 @@ evaluate, profile) with its two hooks filled in:
   - worker changes are applied to the running job: a removed worker's leased shards go back to
     the queue when its connection drops (the master's ledger), a resized worker is a new pod of
     the new size under the same name, new workers lease shards as they come;
-  - a PS change (count or size) is applied **stop-and-restart**: the workers are stopped (their
-    leases return), a flash checkpoint is taken with the shard ledger, the PS stop, the new PS
-    start from that checkpoint with the rows re-partitioned over their new count, and the
-    workers start again. Nothing is counted twice: samples count when a worker reports a shard
-    done, and a stopped worker's unreported shard is trained again from the start (its partial
-    updates stay in the PS, as any asynchronous PS job's would). A live migration, with
-    training paused only for the switch, is not built yet.
+  - a PS change (count or size, or one PS moved) is applied **live** (:meth:`_switch_ps`):
+    the new PS pods start while training goes on and wait, started, for the master; then the
+    workers pause (each finishes its step, waits for its pushes and reports its shards), a
+    flash checkpoint of the now quiescent PS is taken with the shard ledger, the new PS
+    restore from it (rows re-partitioned when their count changed), the workers connect to
+    the new set and go on, and the old PS stop. Training is paused only from the workers'
+    pause to their reconnection; nothing is trained twice or lost, since every push of every
+    reported shard is in the checkpoint and no shard is leased while paused.
+  - ``migration="restart"`` applies a PS change **stop-and-restart** instead (the baseline the
+    live switch is measured against): the workers are stopped (their leases return), a
+    checkpoint is taken, the PS stop, the new PS start from it and the workers start again. A
+    stopped worker's unreported shard is trained again from the start (its partial updates
+    stay in the PS, as any asynchronous PS job's would); samples count when reported, once.
 
 * **instability**, before any resize: Stage 3 (:func:`~dlrover_kfp.core.planner.post_scale`)
   on the samples since its last action. A worker relaunch (a memory trend toward its limit,
   a pending pod) or replacement (a persistent straggler) is applied to that pod; a PS action
-  (hot PS, memory trend) resizes all PS stop-and-restart. Taking a slow worker's shards while it
+  (hot PS, memory trend) moves that PS to a new pod, live; when its new size differs from the
+  others', all PS move (a job's PS share one size). Taking a slow worker's shards while it
   still runs is not applied: it and the next holder would both report the shard, and samples
   count at every report; its shards move when it is replaced.
 
@@ -37,11 +44,15 @@ in the profile.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, Literal
 
 from dlrover_kfp.backends import ClusterBackend, PodPhase, PodStatus
+from dlrover_kfp.core.documents import parse, to_dict
 from dlrover_kfp.core.observation import Observation
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan
 from dlrover_kfp.core.planner import (
@@ -61,10 +72,20 @@ from dlrover_kfp.core.planner.relaunch import (
     decide_relaunch,
 )
 from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent, RuntimeSample
-from dlrover_kfp.core.reconcile import ChangeKind, Pod, reconcile
+from dlrover_kfp.core.reconcile import ChangeKind, Pod, move_ps, reconcile
 from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator, restore_extra
 from dlrover_kfp.runtime.job import JobFailedError, Progress, RunSettings, StaticRun
-from dlrover_kfp.runtime.master import MasterState
+from dlrover_kfp.runtime.master import MasterState, PsSwitch
+from dlrover_kfp.training import checkpoint as ckpt
+
+log = logging.getLogger("dlrover_kfp.elastic")
+
+#: How a PS change is applied: live (paused only for the switch) or stop-and-restart.
+Migration = Literal["live", "restart"]
+
+#: Seconds the workers get to pause for a PS switch before the stragglers are stopped.
+_PAUSE_TIMEOUT_S = 20.0
 
 
 def local_planner_settings() -> PlannerSettings:
@@ -111,6 +132,8 @@ class ElasticRun(StaticRun):
         run_id: str | None = None,
         progress: Progress | None = None,
         known: Sequence[Observation] = (),
+        migration: Migration = "live",
+        resume: bool = False,
     ) -> None:
         super().__init__(
             spec,
@@ -121,7 +144,16 @@ class ElasticRun(StaticRun):
             run_id=run_id,
             progress=progress,
             groups=(plan.workers, plan.ps),
+            resume=resume,
         )
+        extra = self.resume_from.extra if self.resume_from is not None else {}
+        if "plan" in extra:
+            # A resumed run goes on at the shape it had, with its timeline so far.
+            self.workers = parse(
+                NodeGroup, extra["plan"]["workers"], "checkpoint", prefix="workers."
+            )
+            self.ps = parse(NodeGroup, extra["plan"]["ps"], "checkpoint", prefix="ps.")
+            plan = dataclasses.replace(plan, workers=self.workers, ps=self.ps)
         self.plan = plan
         self.planner = planner
         self.ctx = context_from_spec(spec, planner)
@@ -132,12 +164,33 @@ class ElasticRun(StaticRun):
                 time=0.0, stage=plan.stage, reason=plan.reason, workers=plan.workers, ps=plan.ps
             )
         ]
+        if "plans" in extra:
+            self.plans = [parse(AppliedPlan, x, "checkpoint") for x in extra["plans"]]
+            self.events = [parse(JobEvent, x, "checkpoint") for x in extra.get("events", [])]
         #: every stop handled, for the relaunch policy's failure count
         self._stops: list[PodExit] = []
         #: indices into ``samples`` where pods were (re)started: the job's start, every change
         self._starts: list[int] = [0]
         #: (name, launch time) of failed pods already handled
         self._handled: set[tuple[str, float | None]] = set()
+        self.migration: Migration = migration
+        #: the pod name of each PS index (a moved PS gets a new pod and name)
+        self._ps_pods: dict[int, str] = {k: self._pod_name("ps", k) for k in range(plan.ps.count)}
+        #: the last checkpoint step taken by a PS change (steps must grow)
+        self._switch_step = -1
+        #: seconds training was paused by each PS change
+        self.ps_pauses: list[float] = []
+        #: threads stopping the PS a switch replaced, once their checkpoint is committed
+        self._retiring: list[threading.Thread] = []
+
+    def _checkpoint_extra(self, state: MasterState) -> dict[str, Any]:
+        """The ledger and counts, and the shape and timeline a resumed run goes on with."""
+        return {
+            **super()._checkpoint_extra(state),
+            "plan": {"workers": to_dict(self.workers), "ps": to_dict(self.ps)},
+            "plans": [to_dict(x) for x in self.plans],
+            "events": [to_dict(x) for x in self.events],
+        }
 
     # -- failures -------------------------------------------------------------------------
 
@@ -169,18 +222,80 @@ class ElasticRun(StaticRun):
                     detail=self._describe_failure(status),
                 )
             )
-            if role == "ps":
-                raise JobFailedError(
-                    f"{self._describe_failure(status)}; restoring a failed PS during an elastic "
-                    f"run is not supported yet"
-                )
             decision = decide_relaunch(stop, self._stops, self.planner)
             self._stops.append(stop)
             if isinstance(decision, FailJob):
                 raise JobFailedError(decision.reason)
             if isinstance(decision, NoRelaunch):
                 continue
+            if role == "ps":
+                self._restore_from_checkpoint(status.name, decision, t)
+                return  # every pod was replaced: the statuses seen are stale
             self._relaunch_worker(status.name, status.index, decision, t)
+
+    def _restore_from_checkpoint(self, name: str, decision: Relaunch, t: float) -> None:
+        """A PS died: the job goes back to its last committed checkpoint, all of it.
+
+        The dead PS's rows since the checkpoint are lost, so every PS restores that checkpoint
+        (a consistent model), and the master restores the shard ledger and the per-worker
+        counts committed with it: the shards done since are trained again and their samples,
+        taken back, are counted once, when they are done again. Without a committed
+        checkpoint the job starts over from its initial parameters and an empty ledger.
+        """
+        state = self.state
+        paused = time.monotonic()
+        for k in range(self.workers.count):
+            self._stop(self._worker_name(k))
+        self._join_retiring()
+        for pod in self._ps_pods.values():
+            self._stop(pod)
+        self._wait_for_terminal(
+            [*self._ps_pods.values(), *(self._worker_name(k) for k in range(self.workers.count))]
+        )
+        self.coordinator.close()  # a checkpoint in flight fails with the dead PS: not committed
+        choice = ckpt.select_checkpoint(self.checkpoint_dir)  # committed ones only
+        step = choice.step if choice is not None else 0
+        with state.lock:
+            before = sum(w.samples for w in state.workers.values())
+            restore_extra(state, choice.extra if choice is not None else None, self.ledger)
+            after = sum(w.samples for w in state.workers.values())
+            generation = state.generation = state.generation + 1
+            state.switch = None
+            state.ps_addresses.clear()
+            state.num_ps = self.ps.count
+            state.job_config = {**state.job_config, "num_ps": self.ps.count}
+            state.job_config["restore"] = choice is not None
+            state.job_config["restore_choice"] = None if choice is None else choice.to_dict()
+        self._switch_step = max(self._switch_step, step)
+        self._worker_last.clear()
+        ps = NodeGroup(count=self.ps.count, cpu=decision.cpu, memory_mb=decision.memory_mb)
+        self._launch_all(state, ps, self.workers, generation)
+        self._starts.append(len(self.samples))
+        source = f"the checkpoint of step {step:,}" if choice is not None else "the start"
+        detail = (
+            f"{decision.reason}: every PS restored from {source}; {before - after:,} samples "
+            f"trained since are taken back and trained again; training paused "
+            f"{time.monotonic() - paused:.1f}s"
+        )
+        self.events.append(JobEvent(time=round(t, 3), kind="relaunch", node=name, detail=detail))
+        self.progress(f"{self.run_id}: {name}: {detail}")
+
+    def _launch_all(
+        self, state: MasterState, ps: NodeGroup, workers: NodeGroup, generation: int
+    ) -> None:
+        """Start the job's every pod again (after the old ones stopped): the PS of
+        ``generation``, then, once they registered, the workers."""
+        self.ps = ps
+        self._ps_pods = {}
+        for k in range(ps.count):
+            self._ps_pods[k] = self._pod_name("ps", k, generation)
+            self.backend.launch(self._pod("ps", k, ps, self.address, generation=generation))
+        self._wait_for_ps(state, self.clock())
+        self.coordinator = self._new_coordinator(state)
+        for k in range(workers.count):
+            self._stopping.discard(self._worker_name(k))
+            self.backend.launch(self._pod("worker", k, workers, self.address))
+        self.workers = workers
 
     def _relaunch_worker(self, name: str, index: int, decision: Relaunch, t: float) -> None:
         group = NodeGroup(count=1, cpu=decision.cpu, memory_mb=decision.memory_mb)
@@ -243,7 +358,8 @@ class ElasticRun(StaticRun):
         self._apply(state, decision.plan)
         self._starts.append(len(self.samples))
         applied_at = self.clock() - self.start
-        self.plan = decision.plan
+        # What now runs (an abandoned PS change keeps the old PS).
+        self.plan = dataclasses.replace(decision.plan, workers=self.workers, ps=self.ps)
         self.last_step = ScalingStep(
             time=applied_at, before=before, throughput_before=measured, kind=decision.kind
         )
@@ -263,18 +379,20 @@ class ElasticRun(StaticRun):
     def _apply_actions(self, state: MasterState, plan: ResourcePlan) -> None:
         """Stage 3's node actions (see :mod:`dlrover_kfp.core.planner.post_scale`)."""
         t = self.clock() - self.start
-        ps_target: NodeGroup | None = None
+        ps_target = self.ps
+        moved: set[int] = set()
         kind: EventKind
-        roles = {s.name: s.role for s in self.backend.statuses()}
+        roles = {s.name: (s.role, s.index) for s in self.backend.statuses()}
         for action in plan.actions:
-            if roles.get(action.node) == "ps":
-                # A PS is resized with all of them, stop-and-restart (a live migration of one
-                # PS is not built yet).
+            role, index = roles.get(action.node, ("", -1))
+            if role == "ps":
+                # To a new pod; the PS of a job share one size, so a bigger one moves them all.
                 ps_target = NodeGroup(
-                    count=plan.ps.count,
-                    cpu=max(plan.ps.cpu, action.cpu or 0.0),
-                    memory_mb=max(plan.ps.memory_mb, action.memory_mb or 0),
+                    count=ps_target.count,
+                    cpu=max(ps_target.cpu, action.cpu or 0.0),
+                    memory_mb=max(ps_target.memory_mb, action.memory_mb or 0),
                 )
+                moved.add(index)
                 kind = "migration"
             elif action.kind in ("relaunch", "replace_worker"):
                 index = int(action.node.rsplit("-", 1)[1])
@@ -295,12 +413,28 @@ class ElasticRun(StaticRun):
                 JobEvent(time=round(t, 3), kind=kind, node=action.node, detail=action.reason)
             )
             self.progress(f"{self.run_id}: {action.node}: {action.reason}")
-        if ps_target is not None:
-            self._restart_with(state, dataclasses.replace(plan, workers=self.workers, ps=ps_target))
-        self.workers = NodeGroup(
-            count=self.workers.count,
+        # The workers as the plan has them (Stage 3 may give some up to make room in the
+        # quota), with the memory a relaunch gave any of them.
+        workers = NodeGroup(
+            count=min(self.workers.count, plan.workers.count),
             cpu=self.workers.cpu,
             memory_mb=max(self.workers.memory_mb, plan.workers.memory_mb),
+        )
+        target = dataclasses.replace(plan, workers=workers, ps=ps_target)
+        if ps_target == self.ps and moved and self.migration == "live":
+            # Same size: only the hot PS move, each to a new pod (a contended node left).
+            self._apply(state, dataclasses.replace(target, ps=self.ps))
+            for index in sorted(moved):
+                change = move_ps(
+                    self._current_pods(), index, self.ctx.quota_cpu, self.ctx.quota_memory_mb
+                )
+                self._switch_ps(state, self.ps, frozenset({index}), live=change.live)
+        elif ps_target == self.ps and moved:
+            self._restart_with(state, target)
+        else:
+            self._apply(state, target)
+        self.workers = NodeGroup(
+            count=self.workers.count, cpu=self.workers.cpu, memory_mb=workers.memory_mb
         )
         self.plan = dataclasses.replace(plan, workers=self.workers, ps=self.ps)
         applied = round(self.clock() - self.start, 3)
@@ -330,53 +464,259 @@ class ElasticRun(StaticRun):
         self.backend.delete(name)
 
     def _apply(self, state: MasterState, target: ResourcePlan) -> None:
+        """Turn the running pods into ``target``, in :func:`reconcile`'s order (which keeps the
+        job within its quota on the way)."""
         changes = reconcile(
             self._current_pods(), target, self.ctx.quota_cpu, self.ctx.quota_memory_mb
         )
-        if any(c.kind in (ChangeKind.REPARTITION_PS, ChangeKind.MIGRATE_PS) for c in changes):
+        if self.migration == "restart" and any(
+            c.kind in (ChangeKind.REPARTITION_PS, ChangeKind.MIGRATE_PS) for c in changes
+        ):
             self._restart_with(state, target)
             return
         for change in changes:
             name = self._worker_name(change.index)
             if change.kind is ChangeKind.REMOVE_WORKER:
                 self._stop(name)
+            elif change.kind is ChangeKind.REPARTITION_PS:
+                self._switch_ps(state, target.ps, None, live=change.live)
+            elif change.kind is ChangeKind.MIGRATE_PS:
+                # One PS after another, each to a pod of the new size.
+                self._switch_ps(state, target.ps, frozenset({change.index}), live=change.live)
             elif change.kind is ChangeKind.ADD_WORKER:
                 self._stopping.discard(name)
                 self.backend.launch(self._pod("worker", change.index, target.workers, self.address))
         self.workers = target.workers
+
+    def _next_step(self, state: MasterState) -> int:
+        """A checkpoint step for a PS change: the global step, but never one already used (a
+        committed step is not written again, and the new PS restore the newest)."""
+        self._switch_step = max(state.totals()[1], self._switch_step + 1)
+        return self._switch_step
 
     def _restart_with(self, state: MasterState, target: ResourcePlan) -> None:
         """A PS change, stop-and-restart (see the module docstring)."""
         paused = time.monotonic()
         for k in range(self.workers.count):
             self._stop(self._worker_name(k))
-        step = state.totals()[1]
-        self.coordinator.checkpoint(step, extra={"shards": self._ledger_dict(state)})
+        step = self._next_step(state)
+        self.coordinator.checkpoint(step, extra=self._checkpoint_extra(state))
         self.coordinator.shutdown_ps()
-        self._wait_for_terminal([f"{self.spec.name}-ps-{k}" for k in range(self.ps.count)])
+        self._wait_for_terminal(list(self._ps_pods.values()))
         self.coordinator.close()
-        for k in range(self.ps.count):
-            self._stopping.add(f"{self.spec.name}-ps-{k}")
+        for name in self._ps_pods.values():
+            self._stopping.add(name)
         with state.lock:
+            generation = state.generation = state.generation + 1
             state.num_ps = target.ps.count
             state.ps_addresses.clear()
             state.job_config = {**state.job_config, "num_ps": target.ps.count, "restore": True}
-        self.ps = target.ps
-        for k in range(target.ps.count):
-            name = f"{self.spec.name}-ps-{k}"
-            self._stopping.discard(name)
-            self.backend.launch(self._pod("ps", k, target.ps, self.address))
-        self._wait_for_ps(state, self.clock())
-        self.coordinator = self._new_coordinator(state)
-        for k in range(target.workers.count):
-            self._stopping.discard(self._worker_name(k))
-            self.backend.launch(self._pod("worker", k, target.workers, self.address))
-        self.workers = target.workers
-        self.progress(
-            f"{self.run_id}: PS restarted from the checkpoint of step {step:,} "
-            f"({target.ps.count} x {target.ps.cpu:g} cpu), training paused "
-            f"{time.monotonic() - paused:.1f}s"
+            state.job_config.pop("restore_choice", None)
+        self._launch_all(state, target.ps, target.workers, generation)
+        pause = time.monotonic() - paused
+        self.ps_pauses.append(pause)
+        detail = (
+            f"PS restarted ({target.ps.count} x {target.ps.cpu:g} cpu) from the checkpoint of "
+            f"step {step:,}, workers restarted; training paused {pause:.2f}s"
         )
+        t = round(self.clock() - self.start, 3)
+        self.events.append(JobEvent(time=t, kind="migration", detail=detail))
+        self.progress(f"{self.run_id}: {detail}")
+
+    def _switch_ps(
+        self,
+        state: MasterState,
+        target: NodeGroup,
+        moved: frozenset[int] | None,
+        *,
+        live: bool = True,
+    ) -> None:
+        """A change of the PS set without restarting the workers (module docstring and
+        runtime/master.py).
+
+        ``moved`` names the PS that move to new pods of ``target``'s size; ``None`` replaces
+        all of them (a new count). ``live``: the new pods start before the workers pause (the
+        quota holds old and new together); otherwise the old PS stop first and the pause
+        includes the new ones' start. If a new PS fails to start or restore, the switch is
+        abandoned: the workers reconnect to the old PS when those still run.
+        """
+        self._join_retiring()  # the previous switch's checkpoint is committed
+        replaced = (
+            frozenset(range(target.count))
+            if moved is None or target.count != self.ps.count
+            else moved
+        )
+        retired = {k for k in self._ps_pods if k in replaced or k >= target.count}
+        old_pods = [self._ps_pods[k] for k in sorted(retired)]
+        with state.lock:
+            generation = state.generation + 1
+            # The new PS restore the switch's own checkpoint, the newest.
+            config = {**state.job_config, "num_ps": target.count, "restore": True}
+            config.pop("restore_choice", None)
+            switch = state.switch = PsSwitch(generation, target.count, replaced, config)
+        new_pods = {k: self._pod_name("ps", k, generation) for k in replaced}
+
+        def launch_new() -> None:
+            for k in sorted(replaced):
+                pod = self._pod("ps", k, target, self.address, generation=generation)
+                self.backend.launch(pod)
+
+        if live:
+            # 1. The new PS start (imports, connection) while training goes on.
+            launch_new()
+            if not self._await(state, lambda: switch.standby >= replaced, new_pods, "start"):
+                return
+        # 2. The workers pause; one that does not in time is stopped (its leases return).
+        paused = time.monotonic()
+        with state.lock:
+            switch.pausing = True
+        unready = self._await_pause(state, switch)
+        for name in unready:
+            self._stop(name)
+        # 3. A checkpoint of the quiescent PS, from which the new ones restore: live, from its
+        # snapshot in shared memory, while the old PS persist it behind (they stop after).
+        step = self._next_step(state)
+        old = self.coordinator
+        if live:
+            old.snapshot(step, extra=self._checkpoint_extra(state))
+        else:
+            old.checkpoint(step, extra=self._checkpoint_extra(state))
+        with state.lock:
+            switch.released = True
+        if not live:
+            old.shutdown_ps(retired)
+            for name in old_pods:
+                self._stopping.add(name)
+            self._wait_for_terminal(old_pods, timeout_s=10.0)
+            launch_new()
+        restored = self._await(
+            state, lambda: set(switch.addresses) >= replaced, new_pods, "restore"
+        )
+        if not restored:
+            if not live:
+                raise JobFailedError("the PS could not be restarted from the checkpoint")
+            self._relaunch_workers(unready)
+            return
+        # 4. The switch: the workers waiting for their configuration get the new set.
+        if live:
+            self._retire(old, retired, old_pods)
+        else:
+            old.close()
+        with state.lock:
+            state.ps_addresses = {
+                k: switch.addresses[k] if k in replaced else state.ps_addresses[k]
+                for k in range(target.count)
+            }
+            state.num_ps = target.count
+            state.job_config = config
+            state.generation = generation
+            state.switch = None
+        pause = time.monotonic() - paused
+        self.ps = target
+        self.coordinator = self._new_coordinator(state)
+        for name in old_pods:
+            self._stopping.add(name)
+        self._ps_pods = {k: new_pods.get(k, self._ps_pods.get(k, "")) for k in range(target.count)}
+        self._relaunch_workers(unready)
+        self.ps_pauses.append(pause)
+        detail = (
+            f"PS {', '.join(str(k) for k in sorted(replaced))} moved to new pods "
+            f"({target.count} x {target.cpu:g} cpu, {target.memory_mb} MiB"
+            f"{'' if live else ', after the old ones stopped'}) from the checkpoint of step "
+            f"{step:,}; training paused {pause:.2f}s"
+        )
+        t = round(self.clock() - self.start, 3)
+        self.events.append(JobEvent(time=t, kind="migration", detail=detail))
+        self.progress(f"{self.run_id}: {detail}")
+
+    def _retire(self, old: CheckpointCoordinator, retired: set[int], pods: list[str]) -> None:
+        """Once the old PS have persisted the switch's checkpoint (and it is committed), stop
+        the retired ones; on a thread, so that training goes on meanwhile."""
+
+        def retire() -> None:
+            try:
+                old.join()
+                old.shutdown_ps(retired)
+            except Exception as exc:
+                log.warning("stopping the old PS (their pods are deleted): %s", exc)
+                for name in pods:
+                    self.backend.delete(name)
+            finally:
+                old.close()
+
+        thread = threading.Thread(target=retire, name="retire-ps", daemon=True)
+        thread.start()
+        self._retiring.append(thread)
+
+    def _join_retiring(self) -> None:
+        for thread in self._retiring:
+            thread.join()
+        self._retiring.clear()
+
+    def _train(self, state: MasterState, start: float) -> None:
+        super()._train(state, start)
+        self._join_retiring()
+
+    def _await(
+        self,
+        state: MasterState,
+        done: Callable[[], bool],
+        new_pods: dict[int, str],
+        what: str,
+    ) -> bool:
+        """Wait for the new PS of a switch; on failure or timeout abandon the switch."""
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        while time.monotonic() < deadline:
+            with state.lock:
+                if done():
+                    return True
+            failed = [
+                s
+                for s in self.backend.statuses()
+                if s.name in new_pods.values() and s.phase.terminal
+            ]
+            if failed:
+                reason = self._describe_failure(failed[0])
+                break
+            time.sleep(0.005)
+        else:
+            reason = f"the new PS did not {what} within {self.settings.startup_timeout_s:.0f}s"
+        with state.lock:
+            state.switch = None
+        for name in new_pods.values():
+            self._stop(name)
+        t = round(self.clock() - self.start, 3)
+        self.events.append(
+            JobEvent(time=t, kind="failure", detail=f"PS change abandoned: {reason}")
+        )
+        self.progress(f"{self.run_id}: PS change abandoned: {reason}")
+        return False
+
+    def _await_pause(self, state: MasterState, switch: PsSwitch) -> list[str]:
+        """Wait until every running, configured worker has paused; the pods that did not."""
+        deadline = time.monotonic() + _PAUSE_TIMEOUT_S
+        while True:
+            running = [
+                s
+                for s in self.backend.statuses()
+                if s.role == "worker" and not s.phase.terminal and s.name not in self._stopping
+            ]
+            with state.lock:
+                waiting = [
+                    s.name
+                    for s in running
+                    if f"worker-{s.index}" in state.configured
+                    and f"worker-{s.index}" not in switch.ready
+                ]
+            if not waiting or time.monotonic() > deadline:
+                return waiting
+            time.sleep(0.005)
+
+    def _relaunch_workers(self, names: Sequence[str]) -> None:
+        for name in names:
+            index = int(name.rsplit("-", 1)[1])
+            self._stopping.discard(name)
+            self.backend.launch(self._pod("worker", index, self.workers, self.address))
 
     def _wait_for_terminal(self, names: Sequence[str], timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s

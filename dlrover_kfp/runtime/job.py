@@ -12,8 +12,10 @@ samples the backend measured and the samples/s the workers reported), the traine
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -40,7 +42,7 @@ from dlrover_kfp.core.shards import ShardLedger
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import TransientError, UserInputError
 from dlrover_kfp.files import write_atomic
-from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
+from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator, restore_extra
 from dlrover_kfp.runtime.export import evaluate_and_export
 from dlrover_kfp.runtime.master import MasterService, MasterState
 from dlrover_kfp.training import checkpoint as ckpt
@@ -113,8 +115,34 @@ def _eta(done: int, total: int, rate: float) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
 
 
+#: In a run's output directory while its master runs: which run it is and when it started, so
+#: that a master started again after a crash (same command, same directory) resumes it.
+RUN_FILE = "run.json"
+
+
+def _unfinished_run(output_dir: Path, job: str) -> dict[str, Any] | None:
+    """The run an earlier master of ``job`` left unfinished in ``output_dir``, if any."""
+    path = output_dir / RUN_FILE
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise UserInputError(f"{path}: unreadable ({exc}); remove it to start afresh") from None
+    if not isinstance(data, dict) or not {"run_id", "job", "started_wall"} <= data.keys():
+        raise UserInputError(f"{path}: not a run file of dlrover-kfp; remove it to start afresh")
+    return data if data["job"] == job else None
+
+
 class StaticRun:
-    """One run of a job with fixed resources. Build it, then call :meth:`run` once."""
+    """One run of a job with fixed resources. Build it, then call :meth:`run` once.
+
+    With ``resume``, a run that an earlier master left unfinished in ``output_dir`` (its
+    ``run.json`` is still there: the master was killed) goes on from its last committed
+    checkpoint: the same run id, the shard ledger and the counts committed with the
+    parameters, every PS restored from that checkpoint; the shards done after it are trained
+    again and counted once.
+    """
 
     def __init__(
         self,
@@ -128,6 +156,7 @@ class StaticRun:
         progress: Progress | None = None,
         clock: Callable[[], float] = time.monotonic,
         groups: tuple[NodeGroup, NodeGroup] | None = None,
+        resume: bool = False,
     ) -> None:
         self.spec = spec
         self.backend = backend
@@ -137,8 +166,21 @@ class StaticRun:
         # The pods it starts with: the spec's own (a static run) unless given (an elastic one).
         self.workers, self.ps = groups if groups is not None else _static_groups(spec)
         self.started_wall = time.time()
+        #: the committed checkpoint an interrupted run of this output directory resumes from
+        self.resume_from: ckpt.CheckpointChoice | None = None
+        #: seconds the run had been going before this master started (a resumed run)
+        self._earlier_s = 0.0
+        previous = _unfinished_run(output_dir, spec.name) if resume else None
+        if previous is not None:
+            run_id = str(previous["run_id"])
+            self._earlier_s = max(0.0, self.started_wall - float(previous["started_wall"]))
+            self.started_wall = float(previous["started_wall"])
+            choice = ckpt.select_checkpoint(output_dir / "checkpoints")
+            if choice is not None and choice.job_id == run_id:
+                self.resume_from = choice
         stamp = datetime.fromtimestamp(self.started_wall, UTC).strftime("%Y%m%dT%H%M%S")
         self.run_id = run_id or f"{spec.name}-{stamp}"
+        self.resumed = previous is not None
         self.progress = progress or (lambda line: log.info("%s", line))
         self.clock = clock
         self.samples: list[RuntimeSample] = []
@@ -162,10 +204,23 @@ class StaticRun:
 
     # -- pods ----------------------------------------------------------------------------------
 
-    def _pod(self, role: str, index: int, group: NodeGroup, master: tuple[str, int]) -> PodSpec:
+    def _pod_name(self, role: str, index: int, generation: int = 0) -> str:
+        """A pod's name; a PS of a later generation (a changed PS set) gets its own."""
+        base = f"{self.spec.name}-{role}-{index}"
+        return base if generation == 0 else f"{base}-g{generation}"
+
+    def _pod(
+        self,
+        role: str,
+        index: int,
+        group: NodeGroup,
+        master: tuple[str, int],
+        *,
+        generation: int = 0,
+    ) -> PodSpec:
         host, port = master
         return PodSpec(
-            name=f"{self.spec.name}-{role}-{index}",
+            name=self._pod_name(role, index, generation),
             role="ps" if role == "ps" else "worker",
             index=index,
             command=(
@@ -176,7 +231,8 @@ class StaticRun:
                 str(index),
                 "--master",
                 f"{host}:{port}",
-            ),
+            )
+            + (("--generation", str(generation)) if generation else ()),
             env={
                 SECRET_ENV_VAR: secret_to_env(self.secret),
                 # Under a CFS quota an idle OpenMP thread must sleep, not spin: spinning burns
@@ -190,7 +246,8 @@ class StaticRun:
             ),
             cpu=group.cpu,
             memory_mb=group.memory_mb,
-            labels={"job": self.spec.name, "role": role, "index": str(index)},
+            labels={"job": self.spec.name, "role": role, "index": str(index)}
+            | ({"generation": str(generation)} if generation else {}),
         )
 
     def _failed(self, statuses: list[PodStatus]) -> PodStatus | None:
@@ -288,6 +345,17 @@ class StaticRun:
     def run(self) -> RunResult:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir = self.output_dir / "checkpoints"
+        if not self.resumed and checkpoint_dir.exists():
+            # A new run owns its directory: an earlier run's checkpoints would be restored by
+            # nothing, and one at the same step would stand in for this run's final one.
+            shutil.rmtree(checkpoint_dir)
+        write_atomic(
+            self.output_dir / RUN_FILE,
+            json.dumps(
+                {"run_id": self.run_id, "job": self.spec.name, "started_wall": self.started_wall}
+            )
+            + "\n",
+        )
         state = MasterState(
             ledger=self.ledger,
             num_ps=self.ps.count,
@@ -301,6 +369,26 @@ class StaticRun:
                 "job_id": self.run_id,
             },
         )
+        if self.resume_from is not None:
+            choice = self.resume_from
+            restore_extra(state, choice.extra, self.ledger)
+            state.job_config["restore"] = True
+            state.job_config["restore_choice"] = choice.to_dict()
+            done = sum(w.samples for w in state.workers.values())
+            self.events.append(
+                JobEvent(
+                    time=round(self._earlier_s, 3),
+                    kind="relaunch",
+                    detail=f"master restarted: resumed from the checkpoint of step "
+                    f"{choice.step:,} ({done:,} samples done)",
+                )
+            )
+            self.progress(
+                f"{self.run_id}: resuming from the checkpoint of step {choice.step:,} "
+                f"({done:,} of {self.ledger.total_rows:,} samples done)"
+            )
+        elif self.resumed:
+            self.progress(f"{self.run_id}: resuming from the start (no committed checkpoint)")
         service = MasterService(state, clock=self.clock)
         server = Server(
             (self.settings.master_host, 0),
@@ -338,7 +426,7 @@ class StaticRun:
             self._train(state, start)
             coordinator = self.coordinator
             step = state.totals()[1]
-            coordinator.checkpoint(step, extra={"shards": self._ledger_dict(state)})
+            coordinator.checkpoint(step, extra=self._checkpoint_extra(state))
             coordinator.shutdown_ps()
             self._wait_for_exit(timeout_s=30.0)
             model_dir, metrics = evaluate_and_export(
@@ -369,10 +457,11 @@ class StaticRun:
             server.close()
             # The PS's shared-memory snapshots hold memory until unlinked; the disk copies stay.
             ckpt.cleanup_shm(self.run_id)
-        jct = self.clock() - start
+        jct = self.clock() - start + self._earlier_s
         samples, _, _, _ = state.totals()
         profile = self._profile(status, reason, jct, samples, metrics)
         write_atomic(self.output_dir / "profile.json", to_json(profile) + "\n")
+        (self.output_dir / RUN_FILE).unlink(missing_ok=True)
         return RunResult(profile=profile, output_dir=self.output_dir, model_dir=model_dir)
 
     def _new_coordinator(self, state: MasterState) -> CheckpointCoordinator:
@@ -383,9 +472,18 @@ class StaticRun:
             keep=self.settings.keep_checkpoints,
         )
 
-    def _ledger_dict(self, state: MasterState) -> dict[str, Any]:
+    def _checkpoint_extra(self, state: MasterState) -> dict[str, Any]:
+        """The master's own state that goes with a checkpoint: the shard ledger and what each
+        worker has reported, taken together, so that a restore resumes both where the
+        restored parameters left them."""
         with state.lock:
-            return state.ledger.to_dict()
+            return {
+                "shards": state.ledger.to_dict(),
+                "stats": {
+                    name: [s.samples, s.steps, s.loss_sum, s.bad_rows]
+                    for name, s in state.workers.items()
+                },
+            }
 
     def _wait_for_ps(self, state: MasterState, start: float) -> None:
         while True:
@@ -454,7 +552,7 @@ class StaticRun:
             if t >= next_checkpoint:
                 steps = state.totals()[1]
                 started = self.coordinator.checkpoint(
-                    steps, extra={"shards": self._ledger_dict(state)}, wait=False
+                    steps, extra=self._checkpoint_extra(state), wait=False
                 )
                 if started:
                     self.progress(f"flash checkpoint of step {steps:,} started")

@@ -15,6 +15,16 @@ Leases are held by a worker *incarnation* (``worker-3#<token>``; each process dr
 token), not by its name: a relaunched ``worker-3`` may lease shards before the master has seen
 its predecessor's connection drop, and that drop must take back only the predecessor's leases.
 Progress is still counted per name.
+
+**A live change of the PS set** (:class:`PsSwitch`, driven by the elastic run) goes through
+the same service. The PS set has a *generation*; the first PS are generation 0. A new PS of
+generation ``g`` asks for its configuration with ``{"generation": g}`` and is told to wait
+(*standby*: its process has started and imported everything) until the master *releases* it,
+once a checkpoint of the quiescent old PS is committed; it then restores from that checkpoint
+and registers. Meanwhile, once the switch is *pausing*, every ``get_shard`` and ``report``
+answer carries ``{"switch": g}``: a worker finishes its step, waits for its pushes, reports,
+sends ``ready`` and asks for the configuration again, which waits until the new PS are
+registered and then names them.
 """
 
 from __future__ import annotations
@@ -26,12 +36,20 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dlrover_kfp.core.shards import ShardLedger
-from dlrover_kfp.training.master_protocol import CONFIG, GET_SHARD, REGISTER, REPORT
+from dlrover_kfp.training.master_protocol import (
+    CONFIG,
+    GET_SHARD,
+    READY,
+    REGISTER,
+    REPORT,
+    SWITCH,
+)
 from dlrover_kfp.training.wire import Message, PeerInfo
 
 __all__ = [
     "MasterService",
     "MasterState",
+    "PsSwitch",
     "WorkerStats",
     "lease_holder",
 ]
@@ -56,6 +74,28 @@ class WorkerStats:
 
 
 @dataclass
+class PsSwitch:
+    """A change of the PS set under way (see the module docstring)."""
+
+    generation: int
+    num_ps: int
+    #: indices whose PS is replaced by a new pod (the others keep theirs)
+    replaced: frozenset[int]
+    #: the configuration of the new generation (its ``num_ps``, ``restore``)
+    job_config: dict[str, Any]
+    #: workers are being asked to pause
+    pausing: bool = False
+    #: the checkpoint is committed: the new PS may restore from it
+    released: bool = False
+    #: new PS that have started and wait to be released
+    standby: set[int] = field(default_factory=set)
+    #: new PS that restored and listen
+    addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
+    #: workers that paused for this generation
+    ready: set[str] = field(default_factory=set)
+
+
+@dataclass
 class MasterState:
     """Everything the master's RPC handlers change, behind one lock."""
 
@@ -65,6 +105,14 @@ class MasterState:
     ps_addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
     workers: dict[str, WorkerStats] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: the generation of the PS set in use
+    generation: int = 0
+    #: a change of the PS set under way
+    switch: PsSwitch | None = None
+    #: per worker name, the PS generation it was last configured with
+    configured: dict[str, int] = field(default_factory=dict)
+    #: when each shard report arrived (master clock), to measure pauses in training
+    report_times: list[float] = field(default_factory=list)
 
     @property
     def all_ps_registered(self) -> bool:
@@ -101,21 +149,58 @@ class MasterService:
             with self.state.lock:
                 self.state.ledger.requeue(worker)
 
+    def _pausing(self) -> int | None:
+        """The generation workers must pause for, if any (call with the lock held)."""
+        switch = self.state.switch
+        return switch.generation if switch is not None and switch.pausing else None
+
     def _register(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
         index = int(meta["index"])
-        if not 0 <= index < self.state.num_ps:
-            raise ValueError(f"PS index {index} out of range for {self.state.num_ps} PS")
+        generation = int(meta.get("generation", 0))
         host, port = meta["address"]
+        address = (str(host), int(port))
         with self.state.lock:
-            self.state.ps_addresses[index] = (str(host), int(port))
+            switch = self.state.switch
+            if switch is not None and generation == switch.generation:
+                if index not in switch.replaced:
+                    raise ValueError(f"PS {index} is not replaced in generation {generation}")
+                switch.addresses[index] = address
+            elif generation == self.state.generation:
+                if not 0 <= index < self.state.num_ps:
+                    raise ValueError(f"PS index {index} out of range for {self.state.num_ps} PS")
+                self.state.ps_addresses[index] = address
+            else:
+                raise ValueError(f"PS {index}: generation {generation} is not expected")
         return Message("ok", {}, ())
 
     def _config(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
+        role = meta.get("role")
+        generation = int(meta.get("generation", 0))
         with self.state.lock:
-            if meta.get("role") == "worker" and not self.state.all_ps_registered:
-                return Message("config", {"wait": True}, ())
-            addresses = [list(self.state.ps_addresses[k]) for k in sorted(self.state.ps_addresses)]
-        return Message("config", {**self.state.job_config, "ps": addresses}, ())
+            state = self.state
+            switch = state.switch
+            if role == "ps" and switch is not None and generation == switch.generation:
+                index = int(meta["index"])
+                if index not in switch.replaced:
+                    raise ValueError(f"PS {index} is not replaced in generation {generation}")
+                switch.standby.add(index)
+                if not switch.released:
+                    return Message("config", {"wait": True}, ())
+                return Message("config", {**switch.job_config, "generation": generation}, ())
+            if role == "worker":
+                if not state.all_ps_registered or self._pausing() is not None:
+                    return Message("config", {"wait": True}, ())
+                state.configured[f"worker-{int(meta['index'])}"] = state.generation
+            addresses = [list(state.ps_addresses[k]) for k in sorted(state.ps_addresses)]
+            config = {**state.job_config, "ps": addresses, "generation": state.generation}
+        return Message("config", config, ())
+
+    def _ready(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
+        with self.state.lock:
+            switch = self.state.switch
+            if switch is not None and int(meta["generation"]) == switch.generation:
+                switch.ready.add(str(meta["worker"]))
+        return Message("ok", {}, ())
 
     def _get_shard(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
         worker = str(meta["worker"])
@@ -123,6 +208,10 @@ class MasterService:
         peer.state["leases_for"] = holder
         with self.state.lock:
             self.state.workers.setdefault(worker, WorkerStats())
+            pausing = self._pausing()
+            if pausing is not None:
+                # No new lease while the PS change: what a worker holds is trained afterwards.
+                return Message("shard", {"shard": None, "finished": False, SWITCH: pausing}, ())
             shard = self.state.ledger.lease(holder, self.clock())
             finished = self.state.ledger.finished
         if shard is None:
@@ -150,11 +239,17 @@ class MasterService:
             stats.loss_sum += float(meta["loss_sum"])
             stats.bad_rows += int(meta.get("bad_rows", 0))
             stats.last_report = self.clock()
-        return Message("ok", {"accepted": accepted}, ())
+            self.state.report_times.append(stats.last_report)
+            pausing = self._pausing()
+        reply: dict[str, Any] = {"accepted": accepted}
+        if pausing is not None:
+            reply[SWITCH] = pausing
+        return Message("ok", reply, ())
 
     _handlers: ClassVar[dict[str, Callable[[MasterService, PeerInfo, dict[str, Any]], Message]]] = {
         REGISTER: _register,
         CONFIG: _config,
         GET_SHARD: _get_shard,
         REPORT: _report,
+        READY: _ready,
     }

@@ -17,5 +17,13 @@ CONFIG = "config"
 GET_SHARD = "get_shard"
 #: A leased shard is done, with its samples, steps, summed loss and bad rows.
 REPORT = "report"
+#: A worker has applied every push and reported every shard it trained, and waits for the PS
+#: of generation ``g``: ``{"worker": name, "generation": g}`` (the answer to a ``switch``).
+READY = "ready"
 
-__all__ = ["CONFIG", "GET_SHARD", "REGISTER", "REPORT"]
+#: In the answer to ``get_shard`` and ``report`` while the master changes the PS set (a live
+#: migration): ``{"switch": g}`` asks the worker to finish its step, wait for its pushes,
+#: report, send ``ready`` and fetch the configuration again (which names the new PS).
+SWITCH = "switch"
+
+__all__ = ["CONFIG", "GET_SHARD", "READY", "REGISTER", "REPORT", "SWITCH"]

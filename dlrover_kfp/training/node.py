@@ -34,10 +34,23 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import DlroverKfpError
 from dlrover_kfp.training import ps_server
 from dlrover_kfp.training.data import Batch, RowRange, open_dataset
-from dlrover_kfp.training.master_protocol import CONFIG, GET_SHARD, REGISTER, REPORT
+from dlrover_kfp.training.master_protocol import (
+    CONFIG,
+    GET_SHARD,
+    READY,
+    REGISTER,
+    REPORT,
+    SWITCH,
+)
 from dlrover_kfp.training.ps_client import RemotePs
 from dlrover_kfp.training.step import Routed, WorkerModel
-from dlrover_kfp.training.wire import Connection, connect, secret_from_env
+from dlrover_kfp.training.wire import (
+    Connection,
+    Server,
+    WireTimeoutError,
+    connect,
+    secret_from_env,
+)
 
 log = logging.getLogger("dlrover_kfp.node")
 
@@ -84,10 +97,14 @@ def _set_threads(role: str) -> None:
     torch.set_num_interop_threads(1)
 
 
-def fetch_config(master: Connection, role: str, index: int) -> dict[str, Any]:
-    """The job configuration from the master, waiting until it can give one."""
+def fetch_config(master: Connection, role: str, index: int, generation: int = 0) -> dict[str, Any]:
+    """The job configuration from the master, waiting until it can give one.
+
+    A PS started for a live change of the PS set passes its ``generation``: it waits here,
+    started and ready, until the master releases it (runtime/master.py).
+    """
     while True:
-        reply = master.request(CONFIG, {"role": role, "index": index})
+        reply = master.request(CONFIG, {"role": role, "index": index, "generation": generation})
         if not reply.meta.get("wait"):
             return dict(reply.meta)
         time.sleep(0.05)
@@ -116,6 +133,41 @@ class _Work:
     #: the shard's mini-batches, routed by the prefetch thread (torch.unique releases the GIL,
     #: so this runs beside the training thread on a pod with more than one core)
     steps: list[Routed]
+    #: the number of PS they were routed for (a live change of the PS set may change it)
+    num_ps: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Switch:
+    """The master asks for a change of the PS set to ``generation`` (put in the work queue so
+    that a training thread waiting for a shard wakes up)."""
+
+    generation: int
+
+
+class _SwitchNotice:
+    """The newest PS generation the master announced; set by either thread (an int is
+    written whole), read by the training thread between shards."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+
+    def announce(self, generation: int) -> bool:
+        """Record ``generation``; True if it is new."""
+        if generation > self.generation:
+            self.generation = generation
+            return True
+        return False
+
+
+def _route_shard(model: WorkerModel, batch: Batch, batch_size: int) -> list[Routed]:
+    return [
+        model.route(batch.slice(start, min(start + batch_size, len(batch))))
+        for start in range(0, len(batch), batch_size)
+    ]
+
+
+_Item = _Work | _Switch | BaseException | None
 
 
 def _prefetch(
@@ -124,7 +176,8 @@ def _prefetch(
     master: Connection,
     config: dict[str, Any],
     model: WorkerModel,
-    out: queue.Queue[_Work | BaseException | None],
+    out: queue.Queue[_Item],
+    notice: _SwitchNotice,
 ) -> None:
     """Lease shards, read their rows and route their mini-batches one shard ahead of training
     (on its own connection to the master)."""
@@ -135,19 +188,18 @@ def _prefetch(
         while True:
             reply = master.request(GET_SHARD, {"worker": name, "incarnation": incarnation})
             shard = reply.meta["shard"]
+            if SWITCH in reply.meta and notice.announce(int(reply.meta[SWITCH])):
+                out.put(_Switch(int(reply.meta[SWITCH])))
             if shard is None:
                 if reply.meta["finished"]:
                     out.put(None)
                     return
-                time.sleep(0.02)  # every shard is leased; wait for the epoch to finish
+                time.sleep(0.02)  # every shard is leased (or the PS change); wait
                 continue
             rows = RowRange(int(shard["source"]), int(shard["start"]), int(shard["end"]))
             batch = dataset.read(rows)
-            steps = [
-                model.route(batch.slice(start, min(start + batch_size, len(batch))))
-                for start in range(0, len(batch), batch_size)
-            ]
-            out.put(_Work(shard, batch, steps))
+            num_ps = model.servers.num_ps
+            out.put(_Work(shard, batch, _route_shard(model, batch, batch_size), num_ps))
     except BaseException as exc:  # handed to the training thread, which exits non-zero
         out.put(exc)
 
@@ -164,16 +216,30 @@ class _ShardProgress:
 
 
 def _batches(
-    work: queue.Queue[_Work | BaseException | None],
+    work: queue.Queue[_Item],
     on_idle: Callable[[], None],
+    notice: _SwitchNotice,
+    on_switch: Callable[[int], None],
+    reroute: Callable[[_Work], _Work],
+    generation: int,
 ) -> Iterator[tuple[Routed, tuple[_ShardProgress, int]] | None]:
     """Every mini-batch of every leased shard, in order, tagged with its shard and size.
 
     Between two shards, when the next one has not arrived yet, yields ``None`` (the pipeline
     then completes the step in flight) and calls ``on_idle`` (the worker waits for its pushes
     and reports its shards) before it blocks: the master may be holding the next shard back
-    until this worker's last one is reported (the end of an epoch)."""
+    until this worker's last one is reported (the end of an epoch).
+
+    Between two shards, when the master announced a new PS generation, does the same and then
+    ``on_switch`` (the worker moves to the new PS); a shard routed for another number of PS
+    is routed again (``reroute``). ``generation`` is the one the worker starts with."""
+    switched = generation
     while True:
+        if notice.generation > switched:
+            switched = notice.generation
+            yield None
+            on_idle()
+            on_switch(switched)
         try:
             item = work.get_nowait()
         except queue.Empty:
@@ -184,6 +250,9 @@ def _batches(
             return
         if isinstance(item, BaseException):
             raise item
+        if isinstance(item, _Switch):
+            continue  # the loop's top handles it (the notice was set first)
+        item = reroute(item)
         progress = _ShardProgress(item, len(item.steps))
         for routed in item.steps:
             yield routed, (progress, len(routed.batch))
@@ -203,10 +272,13 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
     servers = RemotePs(connections, synchronous=synchronous)
     model = WorkerModel(spec.model, servers, seed=int(config["seed"]))
     lease_conn = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
-    work: queue.Queue[_Work | BaseException | None] = queue.Queue(maxsize=1)
+    work: queue.Queue[_Item] = queue.Queue(maxsize=1)
+    notice = _SwitchNotice()
+    generation = int(config.get("generation", 0))
+    notice.announce(generation)
     threading.Thread(
         target=_prefetch,
-        args=(name, incarnation, lease_conn, config, model, work),
+        args=(name, incarnation, lease_conn, config, model, work, notice),
         daemon=True,
         name="prefetch",
     ).start()
@@ -219,7 +291,7 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
     )
 
     def report(shard: _ShardProgress) -> None:
-        master.request(
+        reply = master.request(
             REPORT,
             {
                 "worker": name,
@@ -232,6 +304,8 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
                 "bad_rows": shard.work.batch.bad_rows,
             },
         )
+        if SWITCH in reply.meta:
+            notice.announce(int(reply.meta[SWITCH]))
 
     unreported: deque[_ShardProgress] = deque()
 
@@ -240,7 +314,37 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
         while unreported:
             report(unreported.popleft())
 
-    batches = _batches(work, on_idle=report_all)
+    def switch(generation: int) -> None:
+        """Every push applied and every shard reported (``report_all`` just ran): tell the
+        master, wait for the new PS set, and train against it from the next step."""
+        nonlocal servers
+        paused = time.monotonic()
+        master.request(READY, {"worker": name, "generation": generation})
+        new_config = fetch_config(master, "worker", index)
+        servers.close()
+        servers = RemotePs(
+            [
+                connect((str(h), int(p)), secret, retry_for=CONNECT_RETRY_S)
+                for h, p in new_config["ps"]
+            ],
+            synchronous=synchronous,
+        )
+        model.servers = servers
+        log.info(
+            "%s: PS generation %d (%d PS), paused %.2fs",
+            name,
+            int(new_config.get("generation", 0)),
+            servers.num_ps,
+            time.monotonic() - paused,
+        )
+
+    def reroute(item: _Work) -> _Work:
+        if item.num_ps == servers.num_ps:
+            return item
+        steps = _route_shard(model, item.batch, spec.training.batch_size)
+        return _Work(item.shard, item.batch, steps, servers.num_ps)
+
+    batches = _batches(work, report_all, notice, switch, reroute, generation)
     # Synchronous: each lookup after the previous push was applied (bit-exact order).
     steps: Iterator[tuple[tuple[_ShardProgress, int], float]] = (
         ((item[1], model.train_step(item[0])) for item in batches if item is not None)
@@ -266,15 +370,37 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
 # --- entry point -----------------------------------------------------------------------------
 
 
-def run_ps(index: int, master_address: tuple[str, int], secret: bytes) -> None:
+def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generation: int = 0) -> None:
     master = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
-    config = fetch_config(master, "ps", index)
+    config = fetch_config(master, "ps", index, generation)
     host = advertise_host(master_address[0])
 
     def register(port: int) -> None:
-        master.request(REGISTER, {"index": index, "address": [host, port]})
+        master.request(
+            REGISTER, {"index": index, "generation": generation, "address": [host, port]}
+        )
 
-    ps_server.serve(index, config, secret, register, bind_host=host)
+    def stop_with_the_master(server: Server) -> None:
+        """A PS lives as long as its master: when the master's connection closes (it exited
+        or was killed), the PS stops, as a pod owned by a deleted master would be deleted.
+        A master started again relaunches the job's PS from its checkpoint."""
+
+        def watch() -> None:
+            while True:
+                try:
+                    master.recv()
+                except WireTimeoutError:
+                    continue  # an idle master: it never sends unasked
+                except Exception:  # closed or broken: the master is gone
+                    break
+            log.warning("PS %d: the master's connection closed; stopping", index)
+            server.stop()
+
+        threading.Thread(target=watch, name="master-watch", daemon=True).start()
+
+    ps_server.serve(
+        index, config, secret, register, bind_host=host, on_serving=stop_with_the_master
+    )
     master.close()
 
 
@@ -286,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("role", choices=("ps", "worker"))
     parser.add_argument("index", type=int)
     parser.add_argument("--master", type=_address, required=True, metavar="HOST:PORT")
+    parser.add_argument(
+        "--generation",
+        type=int,
+        default=0,
+        help="a PS started for a live change of the PS set: the generation it belongs to",
+    )
     return parser
 
 
@@ -300,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         secret = secret_from_env()
         if args.role == "ps":
-            run_ps(args.index, args.master, secret)
+            run_ps(args.index, args.master, secret, args.generation)
         else:
             run_worker(args.index, args.master, secret)
     except DlroverKfpError as exc:

@@ -200,7 +200,14 @@ def build_state(index: int, config: dict[str, Any]) -> PsState:
         seed=int(config["seed"]),
     )
     if config.get("restore") and config.get("checkpoint_dir"):
-        restored = ckpt.restore_ps_state(config["checkpoint_dir"], ps_config, config["job_id"])
+        # The master names the checkpoint when every PS must roll back to the same one.
+        choice = config.get("restore_choice")
+        restored = ckpt.restore_ps_state(
+            config["checkpoint_dir"],
+            ps_config,
+            config["job_id"],
+            choice=None if choice is None else ckpt.CheckpointChoice.from_dict(choice),
+        )
         if restored is not None:
             return restored
     return PsState(ps_config)
@@ -226,8 +233,10 @@ def serve(
     register: Callable[[int], None],
     *,
     bind_host: str = "127.0.0.1",
+    on_serving: Callable[[Server], None] | None = None,
 ) -> None:
-    """Build the state, listen, tell the master where, and serve until ``shutdown``."""
+    """Build the state, listen, tell the master where, and serve until ``shutdown``
+    (``on_serving`` gets the server once registered: to stop it from elsewhere)."""
     state = build_state(index, config)
     checkpointer = None
     if config.get("checkpoint_dir"):
@@ -242,6 +251,8 @@ def serve(
     server = Server((bind_host, 0), secret, service.handle, threaded=True)
     service.server = server
     register(server.address[1])
+    if on_serving is not None:
+        on_serving(server)
     log.info(
         "PS %d: %d rows x %d (%.1f MiB) on port %d",
         index,

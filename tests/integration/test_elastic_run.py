@@ -4,6 +4,8 @@ processes on the local backend (CPU limits enforced where the machine allows cgr
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import os
 import signal
 import statistics
@@ -116,9 +118,10 @@ def test_an_under_provisioned_job_is_scaled_up_and_trains_every_row_once(tmp_pat
         first = next(i for i, x in enumerate(samples) if x > 0)
         return samples[first + 1 :]
 
-    last = profile.plans[-1].time
+    # The shape the first step chose, until the next plan (Stage 3 may move a hot PS later).
+    until = min((p.time for p in profile.plans if p.time > first.time), default=math.inf)
     start = steady([s.throughput for s in profile.samples if s.time < first.time])
-    end = steady([s.throughput for s in profile.samples if s.time > last])[:-1]
+    end = steady([s.throughput for s in profile.samples if first.time < s.time < until])[:-1]
     assert start and end, profile.samples
     assert statistics.median(end) >= 2 * statistics.median(start), (start, end)
     assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
@@ -237,3 +240,73 @@ def test_a_worker_over_its_memory_limit_is_oom_killed_and_relaunched_bigger(
     assert any(
         n.memory_requested_mb == 512 for s in profile.samples for n in s.nodes if n.role == "worker"
     )
+
+
+def test_a_hot_ps_moves_to_a_new_pod_while_training_goes_on(tmp_path: Path) -> None:
+    """Stage 3 finds every PS hot (threshold 0) and moves it to a new pod of its own size:
+    a live switch, with training paused only for the switch and no sample lost or repeated."""
+    spec = _spec(
+        3_000_000, "{count: 2, cpu: 0.5, memory: 2Gi}", "{count: 2, cpu: 0.25, memory: 2Gi}"
+    )
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    hot = dataclasses.replace(
+        QUIET,
+        post_scale=dataclasses.replace(
+            QUIET.post_scale, hot_ps_utilization=0.0, hot_ps_cpu_growth=1.0
+        ),
+    )
+    runs: list[ElasticRun] = []
+    result = _run(spec, tmp_path, settings, during=lambda run, _: runs.append(run), planner=hot)
+    profile = result.profile
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    moves = [e for e in profile.events if e.kind == "migration" and "moved" in e.detail]
+    assert moves, profile.events
+    run = runs[0]
+    assert len(run.ps_pauses) == len(moves)
+    assert max(run.ps_pauses) < 3.0, run.ps_pauses
+    # Samples/s never stays at zero for 3 s: the longest gap between two shard reports.
+    times = sorted(run.state.report_times)
+    assert max(b - a for a, b in itertools.pairwise(times)) < 3.0
+    # The moved PS's pods have new names; the old ones ended, none failed.
+    logs = sorted(p.name for p in (tmp_path / "out" / "logs").iterdir())
+    assert any("-ps-" in name and "-g" in name for name in logs), logs
+    assert not [e for e in profile.events if e.kind == "failure"], profile.events
+    assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
+
+
+def test_a_ps_killed_with_sigkill_rolls_the_job_back_to_its_checkpoint(tmp_path: Path) -> None:
+    """Every PS restores the last committed checkpoint and the master its shard ledger and
+    counts: the shards done since are trained again and counted once."""
+    spec = _spec(
+        2_000_000, "{count: 2, cpu: 0.5, memory: 2Gi}", "{count: 2, cpu: 0.25, memory: 2Gi}"
+    )
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=2.0)
+    seen: dict[str, float] = {}
+
+    def kill_a_ps(run: ElasticRun, backend: LocalBackend) -> None:
+        deadline = time.monotonic() + 120
+        checkpoints = tmp_path / "out" / "checkpoints"
+        while time.monotonic() < deadline:
+            committed = [p for p in checkpoints.glob("step-*") if not p.name.endswith(".tmp")]
+            if committed and run.samples and run.samples[-1].throughput > 0:
+                break
+            time.sleep(0.05)
+        time.sleep(1.5)  # some shards done after the checkpoint, to be taken back
+        seen["samples_before"] = run.state.totals()[0]
+        pid = backend.pid_of("elastic-ps-1")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+
+    result = _run(spec, tmp_path, settings, during=kill_a_ps, planner=QUIET)
+    profile = result.profile
+    assert seen, "the PS was never killed"
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    failures = [e for e in profile.events if e.kind == "failure"]
+    assert [e.node for e in failures] == ["elastic-ps-1"], profile.events
+    restores = [e for e in profile.events if e.kind == "relaunch"]
+    assert [e.node for e in restores] == ["elastic-ps-1"], profile.events
+    assert "every PS restored from the checkpoint of step" in restores[0].detail
+    assert "samples trained since are taken back" in restores[0].detail
+    assert profile.metrics.auc is not None and profile.metrics.auc > 0.6

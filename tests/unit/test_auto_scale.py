@@ -153,6 +153,18 @@ def test_rolls_back_when_throughput_drops_20_percent() -> None:
     assert decision.plan.reason.startswith("rollback")
 
 
+def test_a_step_with_nothing_measured_before_it_is_not_judged() -> None:
+    """A restarted job's first step has no baseline (0 samples/s): it stands, no crash."""
+    truth = Truth()
+    ctx = context_from_spec(spec(64.0), SETTINGS)
+    good = plan(8, 4.0, 2, 4.0)
+    bad = plan(8, 0.5, 2, 0.5)
+    samples = truth.samples(bad, 400.0, SAMPLES_PER_ROUND, random.Random(0))
+    step = ScalingStep(time=350.0, before=good, throughput_before=0.0)
+    decision = auto_scale(ctx, bad, samples, 1000.0, SETTINGS, last_step=step)
+    assert decision.plan is None or not decision.plan.reason.startswith("rollback")
+
+
 # -- memory right-sizing ------------------------------------------------------------------
 
 

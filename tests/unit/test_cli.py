@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from dlrover_kfp.cli import quickstart_cmd
 from dlrover_kfp.cli.main import build_parser, main
 from dlrover_kfp.core.documents import to_json
-from dlrover_kfp.core.plan import Stage
+from dlrover_kfp.core.plan import NodeGroup, Stage
+from dlrover_kfp.core.profile import AppliedPlan
+from dlrover_kfp.quickstart import RoundResult
+from dlrover_kfp.runtime.job import RunResult
 from tests.factories import make_profile
 
 GOOD = """\
@@ -170,14 +176,84 @@ def test_every_command_has_help_with_an_example() -> None:
         assert "Example" in text, name
 
 
-def test_quickstart_runs_rounds_and_warm_starts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def _round(k: int, stage: Stage, status: str = "succeeded") -> RoundResult:
+    profile = make_profile(
+        run_id=f"ctr-quickstart-r{k}",
+        stage=stage,
+        workers=1,
+        worker_cpu=0.25,
+        ps=1,
+        ps_cpu=0.25,
+        status=status,
+        jct_seconds=60.0 / k,
+    )
+    grown = AppliedPlan(
+        time=20.0,
+        stage=Stage.AUTO_SCALE,
+        reason="auto-scale: model predicts +369% throughput",
+        workers=NodeGroup(count=3, cpu=0.5, memory_mb=2048),
+        ps=NodeGroup(count=2, cpu=0.25, memory_mb=2048),
+    )
+    profile = dataclasses.replace(profile, plans=(*profile.plans, grown))
+    result = RunResult(profile=profile, output_dir=Path(f"round-{k}"), model_dir=None)
+    return RoundResult(
+        round=k,
+        run_dir=Path(f"round-{k}"),
+        result=result,
+        expected_samples=profile.outcome.samples_processed,
+    )
+
+
+@pytest.mark.parametrize("failed", [False, True], ids=["succeeded", "a-round-failed"])
+def test_quickstart_reports_each_round_then_a_table(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    failed: bool,
 ) -> None:
-    code, out, err = run(capsys, "quickstart", "--rounds", "3", "--output-dir", str(tmp_path))
-    assert code == 0
-    rows = [line.split() for line in out.splitlines()[2:]]
-    assert [r[1] for r in rows] == ["cold_start", "warm_start", "warm_start"]
-    jct = [float(r[-2]) for r in rows]
-    assert jct[-1] < jct[0], jct  # retraining gets faster as history accumulates
-    assert "round 3/3" in err
-    assert (tmp_path / "history.db").exists()
+    """The command's wiring, with the rounds faked (tests/integration/test_quickstart.py runs
+    real ones): the default history beside the runs, each round's report as it ends, the
+    table last, progress on stderr, exit 1 when a round failed."""
+    seen: dict[str, object] = {}
+
+    def fake(
+        output_dir: Path,
+        history_url: str,
+        rounds: int,
+        progress: Callable[[str], None],
+        *,
+        on_round: Callable[[RoundResult], None],
+    ) -> list[RoundResult]:
+        seen.update(output_dir=output_dir, history_url=history_url, rounds=rounds)
+        results = []
+        for k in range(1, rounds + 1):
+            progress(f"[round {k}/{rounds}] training")
+            stage = Stage.COLD_START if k == 1 else Stage.WARM_START
+            results.append(_round(k, stage, "failed" if failed and k == 2 else "succeeded"))
+            on_round(results[-1])
+        return results
+
+    monkeypatch.setattr(quickstart_cmd, "run_quickstart", fake)
+    code, out, err = run(capsys, "quickstart", "--output-dir", str(tmp_path))
+    assert code == (1 if failed else 0)
+    assert seen["rounds"] == 3  # the default
+    assert seen["output_dir"] == tmp_path
+    assert str(seen["history_url"]).endswith(str(tmp_path / "history.db"))
+    assert "[round 3/3] training" in err and "training" not in out
+    assert out.startswith("round 1/3: succeeded in 60.0 s")
+    reports, table = out.rsplit("\n\n", 1)
+    assert reports.count("started with") == 3
+    assert "[auto_scale] auto-scale: model predicts +369% throughput" in reports
+    assert "ended with   3w x 0.5 + 2ps x 0.25 = 2 CPU" in reports
+    rows = [line.split() for line in table.splitlines()[2:]]
+    assert [r[1] for r in rows] == ["succeeded", "failed" if failed else "succeeded", "succeeded"]
+    assert [r[2] for r in rows] == ["cold_start", "warm_start", "warm_start"]
+    assert [r[3] for r in rows] == ["1x0.25+1x0.25"] * 3
+    assert [r[5] for r in rows] == ["3x0.5+2x0.25"] * 3
+
+
+def test_quickstart_refuses_no_rounds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "quickstart", "--rounds", "0", "--output-dir", str(tmp_path))
+    assert code == 2 and out == ""
+    assert "--rounds" in err
+    assert not (tmp_path / "history.db").exists()

@@ -8,8 +8,15 @@ from typing import Any
 import pytest
 
 from dlrover_kfp.core.shards import ShardLedger
-from dlrover_kfp.runtime.master import MasterService, MasterState
-from dlrover_kfp.training.master_protocol import CONFIG, GET_SHARD, REGISTER, REPORT
+from dlrover_kfp.runtime.master import MasterService, MasterState, PsSwitch
+from dlrover_kfp.training.master_protocol import (
+    CONFIG,
+    GET_SHARD,
+    READY,
+    REGISTER,
+    REPORT,
+    SWITCH,
+)
 from dlrover_kfp.training.wire import (
     Message,
     PeerInfo,
@@ -60,23 +67,24 @@ def report(
 def test_worker_config_waits_until_every_ps_registered() -> None:
     service, _ = make_service(num_ps=2)
     ps1, ps0, worker = PeerInfo(1, ("h", 1)), PeerInfo(2, ("h", 2)), PeerInfo(3, ("h", 3))
-    assert call(service, worker, CONFIG, role="worker").meta == {"wait": True}
+    assert call(service, worker, CONFIG, role="worker", index=0).meta == {"wait": True}
     assert call(service, ps1, REGISTER, index=1, address=["10.0.0.2", 7001]).kind == "ok"
-    assert call(service, worker, CONFIG, role="worker").meta == {"wait": True}
+    assert call(service, worker, CONFIG, role="worker", index=0).meta == {"wait": True}
     assert not service.state.all_ps_registered
     call(service, ps0, REGISTER, index=0, address=["10.0.0.1", 7000])
     assert service.state.all_ps_registered
-    reply = call(service, worker, CONFIG, role="worker")
+    reply = call(service, worker, CONFIG, role="worker", index=0)
     assert reply.kind == "config"
     # The job config, with the PS addresses in PS-index order (not registration order).
-    assert reply.meta == {**JOB_CONFIG, "ps": [["10.0.0.1", 7000], ["10.0.0.2", 7001]]}
+    addresses = [["10.0.0.1", 7000], ["10.0.0.2", 7001]]
+    assert reply.meta == {**JOB_CONFIG, "ps": addresses, "generation": 0}
     assert "wait" not in reply.meta
 
 
 def test_ps_get_their_config_without_waiting() -> None:
     service, _ = make_service(num_ps=2)
     reply = call(service, PeerInfo(1, ("h", 1)), CONFIG, role="ps")
-    assert reply.meta == {**JOB_CONFIG, "ps": []}
+    assert reply.meta == {**JOB_CONFIG, "ps": [], "generation": 0}
 
 
 def test_re_registration_replaces_the_address() -> None:
@@ -217,3 +225,64 @@ def test_a_relaunched_worker_keeps_its_leases_when_its_predecessor_drops() -> No
     # The dead process's late report of its shard is not taken: the shard is queued again.
     assert not report(service, old, "worker-0", old_shard["id"], incarnation="a")
     assert service.state.workers["worker-0"].samples == 200, "progress counts per name"
+
+
+def test_a_ps_switch_pauses_workers_and_hands_them_the_new_ps() -> None:
+    """The protocol of a live PS change (runtime/master.py), step by step."""
+    service, _ = make_service(num_ps=2)
+    state = service.state
+    ps0, ps1, new_ps1, w0, w1 = (PeerInfo(k, ("h", k)) for k in range(5))
+    call(service, ps0, REGISTER, index=0, address=["a", 1])
+    call(service, ps1, REGISTER, index=1, address=["b", 2])
+    assert call(service, w0, CONFIG, role="worker", index=0).meta["generation"] == 0
+    leased = get_shard(service, w0, "worker-0")["shard"]["id"]
+
+    config = {**JOB_CONFIG, "num_ps": 2, "restore": True}
+    switch = state.switch = PsSwitch(1, 2, frozenset({1}), config)
+    # Standby: the new PS 1 waits; training goes on (not pausing yet).
+    assert call(service, new_ps1, CONFIG, role="ps", index=1, generation=1).meta == {"wait": True}
+    assert switch.standby == {1}
+    assert get_shard(service, w0, "worker-0")["shard"] is not None
+    # A PS of this generation for an index it does not replace is refused.
+    with pytest.raises(ValueError, match="not replaced"):
+        call(service, new_ps1, CONFIG, role="ps", index=0, generation=1)
+    # Pausing: no lease, the answer says switch; reports are accepted and say switch too.
+    switch.pausing = True
+    meta = get_shard(service, w0, "worker-0")
+    assert meta == {"shard": None, "finished": False, SWITCH: 1}
+    reply = call(
+        service,
+        w0,
+        REPORT,
+        worker="worker-0",
+        shard=leased,
+        epoch=0,
+        samples=100,
+        steps=2,
+        loss_sum=1.5,
+    )
+    assert reply.meta == {"accepted": True, SWITCH: 1}
+    # A worker that starts now waits for the new set instead of connecting to the old one.
+    assert call(service, w1, CONFIG, role="worker", index=1).meta == {"wait": True}
+    call(service, w0, READY, worker="worker-0", generation=1)
+    assert switch.ready == {"worker-0"}
+    assert call(service, w0, CONFIG, role="worker", index=0).meta == {"wait": True}
+    # Released: the new PS gets the new generation's config, restores and registers.
+    switch.released = True
+    reply = call(service, new_ps1, CONFIG, role="ps", index=1, generation=1)
+    assert reply.meta == {**config, "generation": 1}
+    call(service, new_ps1, REGISTER, index=1, generation=1, address=["c", 3])
+    assert switch.addresses == {1: ("c", 3)}
+    assert state.ps_addresses == {0: ("a", 1), 1: ("b", 2)}  # not in use before the switch
+    # A registration for an unknown generation is refused.
+    with pytest.raises(ValueError, match="generation 7"):
+        call(service, new_ps1, REGISTER, index=1, generation=7, address=["d", 4])
+    # The switch (what the elastic run does once every new PS registered).
+    with state.lock:
+        state.ps_addresses = {0: ("a", 1), 1: switch.addresses[1]}
+        state.generation, state.switch = 1, None
+    reply = call(service, w0, CONFIG, role="worker", index=0)
+    assert reply.meta["ps"] == [["a", 1], ["c", 3]]
+    assert reply.meta["generation"] == 1
+    assert state.configured == {"worker-0": 1}
+    assert get_shard(service, w0, "worker-0")["shard"] is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
-from dlrover_kfp.core.reconcile import ChangeKind, Pod, PodChange, reconcile
+from dlrover_kfp.core.reconcile import ChangeKind, Pod, PodChange, move_ps, reconcile
 
 
 def _plan(w: tuple[int, float, int], p: tuple[int, float, int]) -> ResourcePlan:
@@ -158,3 +158,28 @@ def test_property_reaches_the_target_and_never_leaves_the_quota() -> None:
         assert not kept & removed
     # The tight quotas do force stop-and-restart PS changes: the live rule is exercised.
     assert stop_and_restart > 100
+
+
+def test_moving_a_ps_is_live_only_when_the_quota_holds_the_new_pod_beside_the_old() -> None:
+    pods = _pods(_plan((2, 0.5, 1024), (2, 0.25, 512)))  # 1.5 cpu, 3072 MiB
+    change = move_ps(pods, 1, 2.0, 8192)
+    assert (change.kind, change.index, change.cpu, change.memory_mb) == (
+        ChangeKind.MIGRATE_PS,
+        1,
+        0.25,
+        512,
+    )
+    assert change.live
+    assert not move_ps(pods, 1, 1.7, 8192).live  # 1.75 cpu at the peak
+    assert not move_ps(pods, 1, 2.0, 3500).live  # 3584 MiB at the peak
+    assert move_ps(pods, 1, 1.75, 3584).live  # exactly at the quota
+
+
+def test_moving_a_ps_that_is_not_running_is_refused() -> None:
+    pods = _pods(_plan((1, 0.5, 1024), (1, 0.25, 512)))
+    try:
+        move_ps(pods, 3, 2.0, 8192)
+    except ValueError as exc:
+        assert "ps-3" in str(exc)
+    else:
+        raise AssertionError("moving ps-3 was accepted")

@@ -137,7 +137,11 @@ def _judge(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | No
     A growth step must pay: it must measure at least ``min_gain / 2`` more throughput (else it
     holds resources for nothing), and a drop of ``rollback_drop`` undoes it in any case. A
     give-back step must cost at most ``give_back_tolerance``. A rollback is not judged again.
+    A step taken with nothing measured before it (a restarted job's first) has no baseline:
+    it stands.
     """
+    if step.throughput_before <= 0:
+        return None
     change = measured / step.throughput_before - 1
     if step.kind == "grow" and change < s.min_gain / 2:
         return f"the last growth step measured {change:+.1%}, not the gain it was for"

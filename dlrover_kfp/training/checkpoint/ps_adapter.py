@@ -22,7 +22,7 @@ from dlrover_kfp.training.checkpoint.format import (
     StateSpec,
 )
 from dlrover_kfp.training.checkpoint.persist import FlashCheckpointer, PartRecord
-from dlrover_kfp.training.checkpoint.restore import load_checkpoint
+from dlrover_kfp.training.checkpoint.restore import CheckpointChoice, load_checkpoint
 
 if TYPE_CHECKING:
     from dlrover_kfp.training.ps_state import PsConfig, PsState
@@ -109,17 +109,29 @@ class PsCheckpointer:
 
 
 def restore_ps_state(
-    root: PathLike, config: PsConfig, job_id: str, *, shm_dir: PathLike | None = None
+    root: PathLike,
+    config: PsConfig,
+    job_id: str,
+    *,
+    shm_dir: PathLike | None = None,
+    choice: CheckpointChoice | None = None,
 ) -> PsState | None:
     """The state PS ``config.ps_index`` of ``config.num_ps`` restores, or None (no checkpoint).
 
     Shared memory first when it is as new as the newest committed checkpoint; rows are
-    re-partitioned when the job had a different number of PS.
+    re-partitioned when the job had a different number of PS. With ``choice`` (the master's
+    :func:`select_checkpoint`), exactly that checkpoint: every PS of a job rolling back must
+    restore the same one, the one whose shard ledger the master restored.
     """
     from dlrover_kfp.training.ps_state import PsState  # noqa: PLC0415 (ps_state imports torch models)
 
     restored = load_checkpoint(
-        root, num_ps=config.num_ps, ps_index=config.ps_index, job_id=job_id, shm_dir=shm_dir
+        root,
+        num_ps=config.num_ps,
+        ps_index=config.ps_index,
+        job_id=job_id,
+        shm_dir=shm_dir,
+        choice=choice,
     )
     if restored is None:
         return None

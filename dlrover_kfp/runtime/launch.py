@@ -1,0 +1,122 @@
+"""Run a job on this machine end to end: Stage 1, the run on the local backend, the record.
+
+``dlrover-kfp run`` and the quickstart both call :func:`run_local`: an elastic run starts from
+Stage 1's plan (warm start from the history's similar jobs, else a cold start) with the
+measurements of those jobs handed to Stage 2 as known points, and its profile goes to the
+history afterwards, failed runs included. The history store is opened only around the query and
+the record, never held while the job trains.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from pathlib import Path
+from types import FrameType
+
+from dlrover_kfp.backends import LocalBackend
+from dlrover_kfp.core.observation import Observation
+from dlrover_kfp.core.plan import ResourcePlan
+from dlrover_kfp.core.planner import PlannerSettings
+from dlrover_kfp.core.profile import JobProfile
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.history import open_history
+from dlrover_kfp.planning import plan_job_with_history
+from dlrover_kfp.ports import SystemClock
+from dlrover_kfp.runtime.elastic import ElasticRun, local_planner_settings
+from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings, StaticRun
+
+log = logging.getLogger(__name__)
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def unwind_on_sigterm() -> None:
+    """Make SIGTERM (Kubernetes, Airflow, kill) unwind like Ctrl-C, so that the backend stops
+    every pod of a run in progress. For a command's main thread."""
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def stage_1(
+    spec: JobSpec, history_url: str | None, planner: PlannerSettings
+) -> tuple[ResourcePlan, list[Observation]]:
+    """Stage 1's plan and the similar jobs' measurements (none without a history store)."""
+    if history_url is None:
+        return plan_job_with_history(spec, None, SystemClock(), planner)
+    store = open_history(history_url)
+    try:
+        return plan_job_with_history(spec, store, SystemClock(), planner)
+    finally:
+        store.close()
+
+
+def record_profile(history_url: str, profile: JobProfile) -> bool:
+    """Store ``profile`` in the history; False when the store already had that run."""
+    store = open_history(history_url)
+    try:
+        new = store.record(profile)
+    finally:
+        store.close()
+    log.info("history: %s %s", "recorded" if new else "already had", profile.run_id)
+    return new
+
+
+def run_local(
+    spec: JobSpec,
+    *,
+    output_dir: Path,
+    base_dir: Path,
+    settings: RunSettings,
+    progress: Progress,
+    history_url: str | None = None,
+    static: bool = False,
+    run_id: str | None = None,
+    resume: bool = False,
+) -> RunResult:
+    """Train ``spec`` to the end as local processes, writing ``output_dir`` (profile.json, the
+    model, the checkpoints, the pods' logs under ``logs/``).
+
+    Elastic unless ``static`` (the spec's own resources for the whole run). With
+    ``history_url`` the start is planned from that history and the profile recorded in it.
+    With ``resume``, a run an earlier master left unfinished in ``output_dir`` (killed) goes on
+    from its last committed checkpoint (:class:`~dlrover_kfp.runtime.job.StaticRun`).
+    """
+    run: StaticRun
+    with LocalBackend(output_dir / "logs") as backend:
+        if static:
+            run = StaticRun(
+                spec,
+                backend,
+                output_dir=output_dir,
+                base_dir=base_dir,
+                settings=settings,
+                run_id=run_id,
+                progress=progress,
+                resume=resume,
+            )
+        else:
+            planner = local_planner_settings()
+            plan, known = stage_1(spec, history_url, planner)
+            progress(f"{spec.name}: starting plan ({plan.stage.value}): {plan.reason}")
+            run = ElasticRun(
+                spec,
+                backend,
+                plan=plan,
+                planner=planner,
+                output_dir=output_dir,
+                base_dir=base_dir,
+                settings=settings,
+                run_id=run_id,
+                progress=progress,
+                known=known,
+                resume=resume,
+            )
+        result = run.run()
+    if history_url is not None:
+        record_profile(history_url, result.profile)
+    return result
+
+
+__all__ = ["record_profile", "run_local", "stage_1", "unwind_on_sigterm"]

@@ -1,0 +1,129 @@
+"""The job master killed with SIGKILL and started again with the same command: it resumes.
+
+Real processes end to end: ``dlrover-kfp run`` as a user runs it, its PS and workers on the
+local backend, the master killed mid-run by SIGKILL (no chance to clean up), then the very same
+command again in the same output directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlrover_kfp.core.documents import load_text, parse
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.runtime.job import RunSettings
+from dlrover_kfp.training.data import open_dataset, split_ranges
+
+JOB = """\
+name: restart
+model:
+  embedding_dim: 8
+  table_sizes: [1000, 50, 7, 3000, 20000, 500]
+  bottom_mlp: [32, 16, 8]
+  top_mlp: [32, 1]
+data: {format: synthetic, rows: 3000000, seed: 5}
+training: {batch_size: 512, learning_rate: 0.05}
+resources:
+  limits: {cpu: 2, memory: 12Gi}
+  workers: {count: 2, cpu: 0.5, memory: 2Gi}
+  ps: {count: 1, cpu: 0.5, memory: 2Gi}
+"""
+
+
+def _expected_samples() -> int:
+    spec = parse(JobSpec, load_text(JOB, "test"), "test")
+    settings = RunSettings()
+    dataset = open_dataset(spec.data, spec.model)
+    train, _ = split_ranges(dataset.source_rows, settings.shard_rows, settings.eval_fraction)
+    return sum(r.end - r.start for r in train) * spec.training.epochs
+
+
+def _pods_of(master_port: int) -> list[int]:
+    """Live trainer processes that were started by the master listening on ``master_port``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        text = [a.decode(errors="replace") for a in args if a]
+        if (
+            state != "Z"
+            and "dlrover_kfp.training.node" in text
+            and (f"127.0.0.1:{master_port}" in text)
+        ):
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_a_master_killed_and_started_again_resumes_and_counts_every_sample_once(
+    tmp_path: Path,
+) -> None:
+    if not Path("/proc/self/cmdline").exists():
+        pytest.skip("finds the pods' processes in /proc (Linux)")
+    (tmp_path / "job.yaml").write_text(JOB)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "dlrover_kfp.cli.main", "run", "--job", "job.yaml"]
+    argv += ["--output-dir", "out", "--checkpoint-interval", "2", "--sample-interval", "1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    first = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 180
+        committed: list[Path] = []
+        while time.monotonic() < deadline and first.poll() is None:
+            committed = [p for p in (out / "checkpoints").glob("step-*") if p.suffix != ".tmp"]
+            if len(committed) >= 2:
+                break
+            time.sleep(0.1)
+        assert first.poll() is None, first.communicate()[1].decode()[-3000:]
+        assert committed, "no checkpoint was committed in time"
+        time.sleep(1.0)  # shards done after the last checkpoint: to be taken back
+        run_file = json.loads((out / "run.json").read_text())
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    # The master's address, from the pods' launch lines in their logs.
+    launch = (out / "logs" / "restart-ps-0.log").read_text()
+    port = int(re.search(r"127\.0\.0\.1:(\d+)", launch).group(1))  # type: ignore[union-attr]
+    # Its pods do not outlive it for long: the workers lose it at their next request, the PS
+    # notice its connection close.
+    deadline = time.monotonic() + 30
+    while _pods_of(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _pods_of(port), "the killed master's pods kept running"
+
+    again = subprocess.run(
+        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from the checkpoint of step" in again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["run_id"] == run_file["run_id"]
+    assert summary["outcome"]["status"] == "succeeded"
+    # Every sample exactly once over both masters: the shards done after the checkpoint were
+    # taken back with it and trained again.
+    assert summary["outcome"]["samples_processed"] == _expected_samples()
+    profile = json.loads((out / "profile.json").read_text())
+    restarts = [e for e in profile["events"] if e["detail"].startswith("master restarted")]
+    assert len(restarts) == 1, profile["events"]
+    # The timeline before the crash came back with the checkpoint.
+    assert profile["plans"][0]["time"] == 0.0
+    assert profile["outcome"]["jct_seconds"] > restarts[0]["time"]
+    assert 0.6 < summary["metrics"]["auc"] <= 1.0
+    assert not (out / "run.json").exists()
