@@ -31,7 +31,8 @@ class JobSummary:
     #: what it ran with at the end (the last applied plan, else the last sample's shape)
     workers: NodeGroup
     ps: NodeGroup
-    #: what it used: maxima over samples and pods of each role (cores, MiB)
+    #: what it used: maxima over samples and pods of each role (cores, MiB); CPU over the
+    #: samples in which it trained (see :func:`summarize`)
     peak_worker_cpu: float
     peak_worker_memory_mb: int
     peak_ps_cpu: float
@@ -91,17 +92,25 @@ def summarize(profile: JobProfile) -> JobSummary:
     peak = {"worker": [0.0, 0], "ps": [0.0, 0]}
     peak_total_ps_cpu, peak_total_ps_mem = 0.0, 0
     means: dict[str, list[float]] = {"worker": [], "ps": []}
+    # CPU is what training used: a window without progress is start-up (imports, the first rows
+    # read) or a pause, where a pod burns its whole quota or none, which says nothing about
+    # what it needs to train. Memory counts everywhere: a pod must fit its start-up too.
+    training = any(s.throughput > 0 for s in profile.samples)
     for s in profile.samples:
+        counts_cpu = s.throughput > 0 or not training
         total_cpu, total_mem = 0.0, 0
         per_role: dict[str, list[float]] = {"worker": [], "ps": []}
         for n in s.nodes:
             slot = peak[n.role]
-            slot[0] = max(slot[0], n.cpu_used)
             slot[1] = max(slot[1], n.memory_used_mb)
+            if n.role == "ps":
+                total_mem += n.memory_used_mb
+            if not counts_cpu:
+                continue
+            slot[0] = max(slot[0], n.cpu_used)
             per_role[n.role].append(n.cpu_used)
             if n.role == "ps":
                 total_cpu += n.cpu_used
-                total_mem += n.memory_used_mb
         for role, used in per_role.items():
             if used:
                 means[role].append(statistics.fmean(used))

@@ -34,11 +34,16 @@ evaluate, profile) with its two hooks filled in:
 
 * **failures**: a failed worker goes to the relaunch policy
   (:func:`~dlrover_kfp.core.planner.relaunch.decide_relaunch`): relaunched as it was, bigger
-  after an OOM, or the job fails after repeated failures. A failed PS fails the job (restoring
-  a PS from the last checkpoint while the ledger has moved on is not built yet).
+  after an OOM, or the job fails after repeated failures. A failed PS (the same policy) rolls
+  the whole job back to its last committed checkpoint (:meth:`_restore_from_checkpoint`):
+  every PS restores it, the master restores the shard ledger and counts committed with it.
 
-Every plan applied (stage, reason, time) and every event (scale, relaunch, oom, failure) lands
-in the profile.
+* **restart**: with ``resume``, a master started again on the output directory of a run whose
+  master was killed goes on from that run's last committed checkpoint, at the shape and with
+  the timeline committed with it (:class:`~dlrover_kfp.runtime.job.StaticRun`).
+
+Every plan applied (stage, reason, time) and every event (scale, relaunch, oom, migration,
+failure) lands in the profile.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -234,3 +235,30 @@ def test_a_quota_below_the_minimum_job_is_a_clear_error() -> None:
         warm_start(spec, ctx, history, SETTINGS, NOW)
     with pytest.raises(InfeasiblePlanError, match="2 worker"):
         warm_start(spec, ctx, [], SETTINGS, NOW)
+
+
+def test_cpu_peaks_come_from_the_samples_in_which_the_job_trained() -> None:
+    """A pod burns its whole quota while it starts (imports, first rows) and trains nothing:
+    that window must not size the next run's pods; memory counts everywhere."""
+    profile = make_profile(worker_cpu=1.0, ps_cpu=1.0, used_fraction=0.3, samples=5)
+    first = profile.samples[0]
+    start_up = dataclasses.replace(
+        first,
+        time=0.0,
+        throughput=0.0,
+        nodes=tuple(
+            dataclasses.replace(n, cpu_used=n.cpu_requested, memory_used_mb=n.memory_used_mb * 2)
+            for n in first.nodes
+        ),
+    )
+    steady = summarize(profile)
+    with_start = summarize(dataclasses.replace(profile, samples=(start_up, *profile.samples)))
+    assert with_start.peak_worker_cpu == steady.peak_worker_cpu < 1.0
+    assert with_start.peak_ps_cpu == steady.peak_ps_cpu < 1.0
+    assert with_start.mean_worker_cpu == steady.mean_worker_cpu
+    start_memory = max(n.memory_used_mb for n in start_up.nodes if n.role == "worker")
+    assert start_memory > steady.peak_worker_memory_mb
+    assert with_start.peak_worker_memory_mb == start_memory
+    # A profile that never trained (it failed at start) still reports what it used.
+    never = dataclasses.replace(profile, samples=(start_up,))
+    assert summarize(never).peak_worker_cpu == 1.0
