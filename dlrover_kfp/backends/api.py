@@ -81,6 +81,10 @@ class PodExistsError(BackendError, PermanentError, ValueError):
     """A pod of that name is still running; delete it (or wait for it) before relaunching."""
 
 
+class PodNotFoundError(BackendError, PermanentError, LookupError):
+    """No running pod of that name."""
+
+
 class BackendClosedError(BackendError, PermanentError):
     """The backend was closed: it launches nothing more."""
 

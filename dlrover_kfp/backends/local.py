@@ -42,7 +42,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -54,6 +54,7 @@ from dlrover_kfp.backends import cgroups as cg
 from dlrover_kfp.backends.api import (
     BackendClosedError,
     PodExistsError,
+    PodNotFoundError,
     PodPhase,
     PodReason,
     PodSpec,
@@ -99,6 +100,8 @@ class _Pod:
     # Descendants seen at the last sample, by pid. A cache written by _sample() without the
     # lock: replaced whole, never mutated, so a race only costs a fresh psutil.Process.
     children: dict[int, psutil.Process] = field(default_factory=dict)
+    # Processes started in the pod by exec_in(): they end with the pod.
+    execs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
     def running(self) -> bool:
@@ -377,6 +380,29 @@ class LocalBackend:
         """Where the pod's stdout and stderr go (appended across relaunches)."""
         return self._log_dir / f"{name}.log"
 
+    def exec_in(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        """Start ``argv`` inside running pod ``name``, as ``kubectl exec`` does: in the pod's
+        cgroups, so that its CPU and memory count against the pod's limits (a sidecar, a
+        debugging shell, or a noisy neighbour in a test). It is killed when the pod ends.
+        Without cgroups it runs beside the pod, unconstrained."""
+        with self._lock:
+            pod = self._pods.get(name)
+            if pod is None or not pod.running:
+                raise PodNotFoundError(f"pod {name} is not running")
+            command, extra_env = (
+                cg.wrap_command(argv, pod.group) if pod.group is not None else (tuple(argv), {})
+            )
+            process = subprocess.Popen(
+                command,
+                env=os.environ | extra_env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                close_fds=True,
+            )
+            pod.execs.append(process)
+            return process
+
     def pid_of(self, name: str) -> int | None:
         """The pod's main process id (also its process group id); None if it never started."""
         with self._lock:
@@ -437,8 +463,13 @@ class LocalBackend:
             pod.handle = None
             pod.children = {}
             assert pod.process is not None
-            # The main process is gone; like a container's, the rest of its group goes too.
+            # The main process is gone; like a container's, the rest of its group goes too,
+            # and so does whatever was exec'd into it.
             _kill_group(pod.process.pid, signal.SIGKILL)
+            for extra in pod.execs:
+                with contextlib.suppress(OSError):
+                    extra.kill()
+                extra.wait()
             if pod.group is not None:
                 # Any OOM kill in the group ends the pod as OOMKilled, even when the kernel
                 # chose a child and the main process then exited on its own: a container on a

@@ -56,12 +56,15 @@ class CheckpointCoordinator:
         *,
         keep: int = 3,
         timeout_s: float = 600.0,
+        prune_tmp: bool = True,
     ) -> None:
+        """``prune_tmp``: remove every unfinished ``step-N.tmp`` (a crashed run's); not while
+        another coordinator of the job may still be writing one (a live PS switch's)."""
         self.root = root
         self.keep = keep
         self.timeout_s = timeout_s
         root.mkdir(parents=True, exist_ok=True)
-        ckpt.prune_checkpoints(root, keep, all_tmp=True)
+        ckpt.prune_checkpoints(root, keep, all_tmp=prune_tmp)
         self.connections: list[Connection] = [
             connect(address, secret, timeout=timeout_s) for address in ps_addresses
         ]

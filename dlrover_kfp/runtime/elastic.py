@@ -618,7 +618,7 @@ class ElasticRun(StaticRun):
             state.switch = None
         pause = time.monotonic() - paused
         self.ps = target
-        self.coordinator = self._new_coordinator(state)
+        self.coordinator = self._new_coordinator(state, prune_tmp=False)  # the old PS still persist
         for name in old_pods:
             self._stopping.add(name)
         self._ps_pods = {k: new_pods.get(k, self._ps_pods.get(k, "")) for k in range(target.count)}

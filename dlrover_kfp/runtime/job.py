@@ -464,12 +464,15 @@ class StaticRun:
         (self.output_dir / RUN_FILE).unlink(missing_ok=True)
         return RunResult(profile=profile, output_dir=self.output_dir, model_dir=model_dir)
 
-    def _new_coordinator(self, state: MasterState) -> CheckpointCoordinator:
+    def _new_coordinator(
+        self, state: MasterState, *, prune_tmp: bool = True
+    ) -> CheckpointCoordinator:
         return CheckpointCoordinator(
             self.checkpoint_dir,
             [state.ps_addresses[k] for k in range(self.ps.count)],
             self.secret,
             keep=self.settings.keep_checkpoints,
+            prune_tmp=prune_tmp,
         )
 
     def _checkpoint_extra(self, state: MasterState) -> dict[str, Any]:

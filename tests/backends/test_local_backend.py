@@ -35,6 +35,7 @@ from dlrover_kfp.backends import (
     ClusterBackend,
     LocalBackend,
     PodExistsError,
+    PodNotFoundError,
     PodPhase,
     PodSpec,
     PodStatus,
@@ -403,6 +404,24 @@ class TestLocalBackend(ClusterBackendContract):
         done = wait_for(backend, "ctr-ps-0", terminal, self.oom_timeout_s + 1.0)
 
         assert (done.reason, done.exit_code) == ("OOMKilled", 137)
+
+    def test_a_process_exec_d_into_a_pod_counts_against_it_and_ends_with_it(
+        self, backend: LocalBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        backend.launch(pod("ctr-ps-0", SLEEP_FOREVER, role="ps", memory_mb=200))
+        wait_for(backend, "ctr-ps-0", lambda s: s.phase is PodPhase.RUNNING, 5.0)
+        with pytest.raises(PodNotFoundError, match="ctr-ps-9"):
+            backend.exec_in("ctr-ps-9", (sys.executable, "-c", "pass"))
+        grower = backend.exec_in("ctr-ps-0", (sys.executable, "-c", GROW_400_MB))
+        if backend.cpu_enforced:
+            # In the pod's cgroup: its 400 MiB are the pod's, over the pod's 200 MiB limit.
+            done = wait_for(backend, "ctr-ps-0", terminal, self.oom_timeout_s + 5.0)
+            assert (done.reason, done.exit_code) == ("OOMKilled", 137)
+        else:
+            backend.delete("ctr-ps-0", grace_s=0.5)
+        # Either way, it ended with the pod.
+        assert grower.poll() is not None
+        assert wait_dead(grower.pid)
 
     def test_usage_waits_for_a_window_long_enough_to_average_a_quota_over(
         self, backend: LocalBackend, pod: Callable[..., PodSpec]

@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -272,6 +273,10 @@ def test_a_hot_ps_moves_to_a_new_pod_while_training_goes_on(tmp_path: Path) -> N
     logs = sorted(p.name for p in (tmp_path / "out" / "logs").iterdir())
     assert any("-ps-" in name and "-g" in name for name in logs), logs
     assert not [e for e in profile.events if e.kind == "failure"], profile.events
+    # The switch's checkpoint was persisted and committed behind the switch (the new
+    # coordinator must not sweep the old PS's unfinished write away).
+    step = int(moves[-1].detail.split("checkpoint of step ")[1].split(";")[0].replace(",", ""))
+    assert (tmp_path / "out" / "checkpoints" / f"step-{step:010d}" / "manifest.json").is_file()
     assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
 
 
@@ -310,3 +315,56 @@ def test_a_ps_killed_with_sigkill_rolls_the_job_back_to_its_checkpoint(tmp_path:
     assert "every PS restored from the checkpoint of step" in restores[0].detail
     assert "samples trained since are taken back" in restores[0].detail
     assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
+
+
+#: Memory that grows by 32 MiB every half second (every page written, so all of it resident).
+GROW_MEMORY = (
+    "import time\n"
+    "chunks = []\n"
+    "for _ in range(60):\n"
+    "    chunks.append(b'x' * (32 << 20))\n"
+    "    time.sleep(0.5)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_a_worker_whose_memory_heads_for_its_limit_is_relaunched_bigger_before_it_dies(
+    tmp_path: Path,
+) -> None:
+    """Stage 3 extrapolates a pod's memory one planning interval ahead: a worker growing toward
+    its limit is replaced by a bigger one before the kernel kills it. The growth is a process
+    exec'd into the worker's pod (its cgroup), as a leaking library would be."""
+    spec = _spec(
+        3_000_000, "{count: 2, cpu: 0.5, memory: 1Gi}", "{count: 1, cpu: 0.5, memory: 2Gi}"
+    )
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    planner = dataclasses.replace(
+        QUIET, post_scale=dataclasses.replace(QUIET.post_scale, oom_horizon_s=10.0)
+    )
+    started: dict[str, float] = {}
+
+    def leak_in_worker_0(run: ElasticRun, backend: LocalBackend) -> None:
+        if not backend.cpu_enforced:
+            return  # without cgroups an exec'd process is not counted against the pod
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if sum(1 for s in run.samples if s.throughput > 0) >= 3:
+                break
+            time.sleep(0.05)
+        backend.exec_in("elastic-worker-0", (sys.executable, "-c", GROW_MEMORY))
+        started["at"] = time.monotonic() - run.start
+
+    with LocalBackend(tmp_path / "probe") as probe:
+        if not probe.cpu_enforced:
+            pytest.skip("needs cgroups (root or a delegated group) to count memory per pod")
+    result = _run(spec, tmp_path, settings, during=leak_in_worker_0, planner=planner)
+    profile = result.profile
+    assert started, "the leak never started"
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    assert not [e for e in profile.events if e.kind == "oom"], profile.events
+    relaunches = [e for e in profile.events if e.kind == "relaunch"]
+    assert [e.node for e in relaunches] == ["elastic-worker-0"], profile.events
+    assert "before it is OOM-killed" in relaunches[0].detail
+    assert relaunches[0].time > started["at"]
+    assert profile.plans[-1].workers.memory_mb > 1024, profile.plans[-1]
