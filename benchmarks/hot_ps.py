@@ -33,9 +33,7 @@ import itertools
 import os
 import platform
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,52 +50,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from elastic_local import spec, user_plan  # the same ctr-local job
 
 
-def pod_cgroup_procs(pid: int) -> list[Path]:
-    """Every ``cgroup.procs`` of the groups ``pid`` is in (one per v1 hierarchy, or the v2 one),
-    left out the root groups: moving a process there puts it in the pod for CPU and accounting."""
-    found = []
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if path == "/":
-            continue
-        mount = Path("/sys/fs/cgroup")
-        for name in (controllers.removeprefix("name="), *controllers.split(",")):
-            candidate = mount / name / path.lstrip("/") / "cgroup.procs"
-            if name and candidate.exists():
-                found.append(candidate)
-                break
-        else:
-            if (mount / path.lstrip("/") / "cgroup.procs").exists() and not controllers:
-                found.append(mount / path.lstrip("/") / "cgroup.procs")
-    return found
-
-
 def hog_the_ps(run: ElasticRun, backend: LocalBackend, after_s: float, log: dict) -> None:
-    """Put a busy loop into the last PS's cgroup ``after_s`` after the first trained shard;
-    kill it when that pod ends."""
+    """``after_s`` after the first trained shard, start a busy loop inside the last PS's pod
+    (``exec_in``: in its cgroups, sharing its CPU quota); it ends with that pod."""
     name = f"{run.spec.name}-ps-{run.ps.count - 1}"
     while not (run.samples and any(s.throughput > 0 for s in run.samples)):
         time.sleep(0.1)
     time.sleep(after_s)
-    pid = backend.pid_of(name)
-    groups = pod_cgroup_procs(pid) if pid else []
-    if not groups:
-        log["hog"] = f"no cgroup for {name}: nothing done"
+    if not backend.cpu_enforced:
+        log["hog"] = "no cgroups: a busy loop would not share the PS's quota; nothing done"
         return
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    for procs in groups:
-        procs.write_text(str(hog.pid))
-    log["hog"] = f"busy loop {hog.pid} in {', '.join(str(p.parent) for p in groups)}"
+    hog = backend.exec_in(name, (sys.executable, "-c", "while True: pass"))
+    log["hog"] = f"busy loop {hog.pid} in pod {name}"
     log["hog_at"] = time.monotonic() - run.start
-    try:
-        while True:
-            status = {s.name: s for s in backend.statuses()}.get(name)
-            if status is None or status.phase.terminal:
-                break
-            time.sleep(0.1)
-    finally:
-        os.kill(hog.pid, signal.SIGKILL)
-        hog.wait()
 
 
 def planner_for(arm: str) -> PlannerSettings:
