@@ -1,7 +1,8 @@
 """Flash checkpoints for the parameter servers: snapshot to shared memory, persist in background.
 
-A PS serves training requests on one thread, and a checkpoint request is handled between two of
-them, so training on that PS stops for exactly as long as the checkpoint blocks. ``torch.save``
+A PS serves training requests on many threads, and a checkpoint request waits for the ones in
+flight and holds new ones back while it copies (the PS's gate), so training on that PS stops
+for exactly as long as the checkpoint blocks. ``torch.save``
 of a GiB of embeddings plus ``fsync`` takes 0.7-2 s on the machines we measured (0.5-1.4 GB/s);
 a copy into memory that is already mapped and touched runs at 13-17 GB/s. So the blocking part of
 a checkpoint is only that copy, into a shared-memory file, and everything slow happens after:
@@ -30,7 +31,7 @@ Who calls what:
   timestamp), so a new PS never replaces an old snapshot that another PS may still be reading;
   after its first snapshot a PS removes the older generations' files of its own part
   (:meth:`ShmSnapshot.discard_older`).
-* PS serving thread, on a checkpoint request between two training requests: ``save(step,
+* PS serving thread, on a checkpoint request, with every training request held: ``save(step,
   arrays)``; reply with the blocked seconds; report the future's :class:`PartRecord` (a dict
   via ``to_dict``) when it resolves.
 * Master/coordinator: when all P records of a step are in, :func:`commit`; at job start
