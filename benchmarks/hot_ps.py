@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import os
 import platform
 import shutil
@@ -107,8 +106,6 @@ def run_arm(arm: str, args: argparse.Namespace, root: Path) -> dict:
             ).start()
         result = run.run()
     p = result.profile
-    times = sorted(run.state.report_times)
-    gaps = [b - a for a, b in itertools.pairwise(times)]
     dataset = open_dataset(job.data, job.model)
     train, _ = split_ranges(dataset.source_rows, settings.shard_rows, settings.eval_fraction)
     expected = sum(r.end - r.start for r in train) * job.training.epochs
@@ -120,7 +117,7 @@ def run_arm(arm: str, args: argparse.Namespace, root: Path) -> dict:
         "samples": p.outcome.samples_processed,
         "expected": expected,
         "pauses": list(run.ps_pauses),
-        "longest_gap": max(gaps, default=0.0),
+        "longest_gap": run.state.longest_report_gap_s,
         "hog": log.get("hog", "-"),
         "hog_at": log.get("hog_at"),
         "events": [(e.time, e.kind, e.detail) for e in p.events],

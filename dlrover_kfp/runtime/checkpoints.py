@@ -16,8 +16,6 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from dlrover_kfp.core.shards import ShardLedger
-from dlrover_kfp.runtime.master import MasterState, WorkerStats
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.wire import Connection, connect
 
@@ -25,24 +23,6 @@ log = logging.getLogger("dlrover_kfp.checkpoints")
 
 #: Seconds between polls of the PS's persist status.
 _POLL_S = 0.05
-
-
-def restore_extra(state: MasterState, extra: dict[str, Any] | None, initial: ShardLedger) -> None:
-    """Put back the master's state committed with a checkpoint (``extra``: the shard ledger and
-    the per-worker counts, see ``StaticRun._checkpoint_extra``), or, without one, the job's
-    start: ``initial``'s shards all to do and nothing counted. Call with ``state.lock`` held.
-    """
-    if extra is None or "shards" not in extra:
-        state.ledger = ShardLedger(initial.ranges, epochs=initial.epochs, lease_s=initial.lease_s)
-        state.workers = {}
-        return
-    state.ledger = ShardLedger.from_dict(extra["shards"])
-    state.workers = {
-        str(name): WorkerStats(
-            samples=int(samples), steps=int(steps), loss_sum=float(loss), bad_rows=int(bad)
-        )
-        for name, (samples, steps, loss, bad) in dict(extra.get("stats", {})).items()
-    }
 
 
 class CheckpointCoordinator:
@@ -83,14 +63,9 @@ class CheckpointCoordinator:
 
         With ``wait`` it returns once the checkpoint is committed (and raises what failed).
         """
-        if self.busy:
-            if not wait:
-                return False
-            self.join()
-        self._thread = threading.Thread(
-            target=self._run, args=(step, extra), name="checkpoint", daemon=True
-        )
-        self._thread.start()
+        if self.busy and not wait:
+            return False
+        self._start(step, extra)
         if wait:
             self.join()
             if self.error is not None:
@@ -107,29 +82,32 @@ class CheckpointCoordinator:
 
         Used while the workers are paused: the pause lasts the copy, not the write to disk.
         """
+        snapped = self._start(step, extra)
+        thread = self._thread
+        while not snapped.wait(0.05) and thread is not None and thread.is_alive():
+            pass
+        if self.error is not None:
+            raise self.error
+
+    def _start(self, step: int, extra: dict[str, Any]) -> threading.Event:
+        """Run a checkpoint of ``step`` on its own thread, after the previous one; the event
+        is set once every PS has taken its snapshot."""
         self.join()
         snapped = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(step, extra, snapped), name="checkpoint", daemon=True
         )
         self._thread.start()
-        while not snapped.wait(0.05):
-            if not self._thread.is_alive():
-                break
-        if self.error is not None:
-            raise self.error
+        return snapped
 
-    def _run(
-        self, step: int, extra: dict[str, Any], snapped: threading.Event | None = None
-    ) -> None:
+    def _run(self, step: int, extra: dict[str, Any], snapped: threading.Event) -> None:
         try:
             with self._lock:
                 blocked = [
                     float(conn.request("checkpoint", {"step": step}).meta["blocked_s"])
                     for conn in self.connections
                 ]
-                if snapped is not None:
-                    snapped.set()
+                snapped.set()
                 self.blocked_s.append(max(blocked))
                 parts = [self._wait_persisted(conn, step) for conn in self.connections]
                 path = ckpt.commit(self.root, step, parts, extra, keep=self.keep)

@@ -79,7 +79,7 @@ from dlrover_kfp.core.planner.relaunch import (
 from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent, RuntimeSample
 from dlrover_kfp.core.reconcile import ChangeKind, Pod, move_ps, reconcile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator, restore_extra
+from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.job import JobFailedError, Progress, RunSettings, StaticRun
 from dlrover_kfp.runtime.master import MasterState, PsSwitch
 from dlrover_kfp.training import checkpoint as ckpt
@@ -262,19 +262,12 @@ class ElasticRun(StaticRun):
         step = choice.step if choice is not None else 0
         with state.lock:
             before = sum(w.samples for w in state.workers.values())
-            restore_extra(state, choice.extra if choice is not None else None, self.ledger)
+            self._restore_master(state, choice)
             after = sum(w.samples for w in state.workers.values())
-            generation = state.generation = state.generation + 1
-            state.switch = None
-            state.ps_addresses.clear()
-            state.num_ps = self.ps.count
-            state.job_config = {**state.job_config, "num_ps": self.ps.count}
-            state.job_config["restore"] = choice is not None
-            state.job_config["restore_choice"] = None if choice is None else choice.to_dict()
         self._switch_step = max(self._switch_step, step)
         self._worker_last.clear()
         ps = NodeGroup(count=self.ps.count, cpu=decision.cpu, memory_mb=decision.memory_mb)
-        self._launch_all(state, ps, self.workers, generation)
+        self._launch_all(state, ps, self.workers)
         self._starts.append(len(self.samples))
         source = f"the checkpoint of step {step:,}" if choice is not None else "the start"
         detail = (
@@ -285,11 +278,15 @@ class ElasticRun(StaticRun):
         self.events.append(JobEvent(time=round(t, 3), kind="relaunch", node=name, detail=detail))
         self.progress(f"{self.run_id}: {name}: {detail}")
 
-    def _launch_all(
-        self, state: MasterState, ps: NodeGroup, workers: NodeGroup, generation: int
-    ) -> None:
-        """Start the job's every pod again (after the old ones stopped): the PS of
-        ``generation``, then, once they registered, the workers."""
+    def _launch_all(self, state: MasterState, ps: NodeGroup, workers: NodeGroup) -> None:
+        """Start the job's every pod again, after the old ones stopped: the PS, a new
+        generation, then, once they registered, the workers."""
+        with state.lock:
+            generation = state.generation = state.generation + 1
+            state.switch = None
+            state.ps_addresses.clear()
+            state.num_ps = ps.count
+            state.job_config = {**state.job_config, "num_ps": ps.count}
         self.ps = ps
         self._ps_pods = {}
         for k in range(ps.count):
@@ -298,13 +295,18 @@ class ElasticRun(StaticRun):
         self._wait_for_ps(state, self.clock())
         self.coordinator = self._new_coordinator(state)
         for k in range(workers.count):
-            self._stopping.discard(self._worker_name(k))
-            self.backend.launch(self._pod("worker", k, workers, self.address))
+            self._launch_worker(k, workers)
         self.workers = workers
 
-    def _relaunch_worker(self, name: str, index: int, decision: Relaunch, t: float) -> None:
-        group = NodeGroup(count=1, cpu=decision.cpu, memory_mb=decision.memory_mb)
+    def _launch_worker(self, index: int, group: NodeGroup) -> None:
+        """(Re)start worker ``index`` at ``group``'s size; a stop of it is no longer ours."""
+        self._stopping.discard(self._worker_name(index))
         self.backend.launch(self._pod("worker", index, group, self.address))
+
+    def _relaunch_worker(self, name: str, index: int, decision: Relaunch, t: float) -> None:
+        self._launch_worker(
+            index, NodeGroup(count=1, cpu=decision.cpu, memory_mb=decision.memory_mb)
+        )
         self._starts.append(len(self.samples))
         self.events.append(
             JobEvent(time=round(t, 3), kind="relaunch", node=name, detail=decision.reason)
@@ -407,8 +409,7 @@ class ElasticRun(StaticRun):
                     memory_mb=action.memory_mb or self.workers.memory_mb,
                 )
                 self._stop(action.node)
-                self._stopping.discard(action.node)
-                self.backend.launch(self._pod("worker", index, group, self.address))
+                self._launch_worker(index, group)
                 kind = "relaunch" if action.kind == "relaunch" else "straggler"
             else:
                 # reassign_shards: taking a live worker's leases would let it and the next
@@ -489,8 +490,7 @@ class ElasticRun(StaticRun):
                 # One PS after another, each to a pod of the new size.
                 self._switch_ps(state, target.ps, frozenset({change.index}), live=change.live)
             elif change.kind is ChangeKind.ADD_WORKER:
-                self._stopping.discard(name)
-                self.backend.launch(self._pod("worker", change.index, target.workers, self.address))
+                self._launch_worker(change.index, target.workers)
         self.workers = target.workers
 
     def _next_step(self, state: MasterState) -> int:
@@ -512,12 +512,9 @@ class ElasticRun(StaticRun):
         for name in self._ps_pods.values():
             self._stopping.add(name)
         with state.lock:
-            generation = state.generation = state.generation + 1
-            state.num_ps = target.ps.count
-            state.ps_addresses.clear()
-            state.job_config = {**state.job_config, "num_ps": target.ps.count, "restore": True}
-            state.job_config.pop("restore_choice", None)
-        self._launch_all(state, target.ps, target.workers, generation)
+            # The new PS restore the checkpoint just taken, the newest.
+            state.job_config = {**state.job_config, "restore": True, "restore_choice": None}
+        self._launch_all(state, target.ps, target.workers)
         pause = time.monotonic() - paused
         self.ps_pauses.append(pause)
         detail = (
@@ -556,8 +553,12 @@ class ElasticRun(StaticRun):
         with state.lock:
             generation = state.generation + 1
             # The new PS restore the switch's own checkpoint, the newest.
-            config = {**state.job_config, "num_ps": target.count, "restore": True}
-            config.pop("restore_choice", None)
+            config = {
+                **state.job_config,
+                "num_ps": target.count,
+                "restore": True,
+                "restore_choice": None,
+            }
             switch = state.switch = PsSwitch(generation, target.count, replaced, config)
         new_pods = {k: self._pod_name("ps", k, generation) for k in replaced}
 
@@ -719,9 +720,7 @@ class ElasticRun(StaticRun):
 
     def _relaunch_workers(self, names: Sequence[str]) -> None:
         for name in names:
-            index = int(name.rsplit("-", 1)[1])
-            self._stopping.discard(name)
-            self.backend.launch(self._pod("worker", index, self.workers, self.address))
+            self._launch_worker(int(name.rsplit("-", 1)[1]), self.workers)
 
     def _wait_for_terminal(self, names: Sequence[str], timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -42,7 +42,7 @@ from dlrover_kfp.core.shards import ShardLedger
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import TransientError, UserInputError
 from dlrover_kfp.files import write_atomic
-from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator, restore_extra
+from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.export import evaluate_and_export
 from dlrover_kfp.runtime.master import MasterService, MasterState
 from dlrover_kfp.training import checkpoint as ckpt
@@ -258,7 +258,7 @@ class StaticRun:
         )
 
     def _worker_name(self, index: int) -> str:
-        return f"{self.spec.name}-worker-{index}"
+        return self._pod_name("worker", index)
 
     # -- hooks of the loop (a static run: a failure fails the job, nothing is decided) -------
 
@@ -371,10 +371,9 @@ class StaticRun:
         )
         if self.resume_from is not None:
             choice = self.resume_from
-            restore_extra(state, choice.extra, self.ledger)
-            state.job_config["restore"] = True
-            state.job_config["restore_choice"] = choice.to_dict()
-            done = sum(w.samples for w in state.workers.values())
+            with state.lock:
+                self._restore_master(state, choice)
+                done = sum(w.samples for w in state.workers.values())
             self.events.append(
                 JobEvent(
                     time=round(self._earlier_s, 3),
@@ -476,17 +475,16 @@ class StaticRun:
         )
 
     def _checkpoint_extra(self, state: MasterState) -> dict[str, Any]:
-        """The master's own state that goes with a checkpoint: the shard ledger and what each
-        worker has reported, taken together, so that a restore resumes both where the
-        restored parameters left them."""
+        """The master's own state that goes with a checkpoint (:meth:`MasterState.committed`)."""
         with state.lock:
-            return {
-                "shards": state.ledger.to_dict(),
-                "stats": {
-                    name: [s.samples, s.steps, s.loss_sum, s.bad_rows]
-                    for name, s in state.workers.items()
-                },
-            }
+            return state.committed()
+
+    def _restore_master(self, state: MasterState, choice: ckpt.CheckpointChoice | None) -> None:
+        """Go back to ``choice`` (None: the job's start): the master's ledger and counts from
+        it, and the PS started next told to restore exactly it. Call with ``state.lock`` held."""
+        state.restore_committed(None if choice is None else choice.extra, self.ledger)
+        state.job_config["restore"] = choice is not None
+        state.job_config["restore_choice"] = None if choice is None else choice.to_dict()
 
     def _wait_for_ps(self, state: MasterState, start: float) -> None:
         while True:

@@ -111,8 +111,39 @@ class MasterState:
     switch: PsSwitch | None = None
     #: per worker name, the PS generation it was last configured with
     configured: dict[str, int] = field(default_factory=dict)
-    #: when each shard report arrived (master clock), to measure pauses in training
-    report_times: list[float] = field(default_factory=list)
+    #: when the last shard report arrived, and the longest time between two (master clock):
+    #: how long training stood still at worst (a PS switch, a restart)
+    last_report_at: float | None = None
+    longest_report_gap_s: float = 0.0
+
+    def committed(self) -> dict[str, Any]:
+        """What goes with a checkpoint (its ``extra``): the shard ledger and what each worker
+        has reported, taken together, so that a restore resumes both where the restored
+        parameters left them. Call with :attr:`lock` held."""
+        return {
+            "shards": self.ledger.to_dict(),
+            "stats": {
+                name: [s.samples, s.steps, s.loss_sum, s.bad_rows]
+                for name, s in self.workers.items()
+            },
+        }
+
+    def restore_committed(self, extra: dict[str, Any] | None, initial: ShardLedger) -> None:
+        """Put back what :meth:`committed` wrote, or, without it, the job's start: ``initial``'s
+        shards all to do and nothing counted. Call with :attr:`lock` held."""
+        if extra is None or "shards" not in extra:
+            self.ledger = ShardLedger(
+                initial.ranges, epochs=initial.epochs, lease_s=initial.lease_s
+            )
+            self.workers = {}
+            return
+        self.ledger = ShardLedger.from_dict(extra["shards"])
+        self.workers = {
+            str(name): WorkerStats(
+                samples=int(samples), steps=int(steps), loss_sum=float(loss), bad_rows=int(bad)
+            )
+            for name, (samples, steps, loss, bad) in dict(extra.get("stats", {})).items()
+        }
 
     @property
     def all_ps_registered(self) -> bool:
@@ -238,8 +269,11 @@ class MasterService:
             stats.steps += int(meta["steps"])
             stats.loss_sum += float(meta["loss_sum"])
             stats.bad_rows += int(meta.get("bad_rows", 0))
-            stats.last_report = self.clock()
-            self.state.report_times.append(stats.last_report)
+            stats.last_report = now = self.clock()
+            if self.state.last_report_at is not None:
+                gap = now - self.state.last_report_at
+                self.state.longest_report_gap_s = max(self.state.longest_report_gap_s, gap)
+            self.state.last_report_at = now
             pausing = self._pausing()
         reply: dict[str, Any] = {"accepted": accepted}
         if pausing is not None:

@@ -258,6 +258,14 @@ def _batches(
             yield routed, (progress, len(routed.batch))
 
 
+def _connect_ps(config: dict[str, Any], secret: bytes, synchronous: bool) -> RemotePs:
+    """Connections to the PS the master's configuration names, in PS-index order."""
+    return RemotePs(
+        [connect((str(h), int(p)), secret, retry_for=CONNECT_RETRY_S) for h, p in config["ps"]],
+        synchronous=synchronous,
+    )
+
+
 def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> None:
     name = f"worker-{index}"
     # This process's own lease holder id (see runtime/master.py): a relaunch gets a new one.
@@ -265,11 +273,8 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
     master = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
     config = fetch_config(master, "worker", index)
     spec = job_spec(config)
-    connections = [
-        connect((str(h), int(p)), secret, retry_for=CONNECT_RETRY_S) for h, p in config["ps"]
-    ]
     synchronous = bool(config["synchronous"])
-    servers = RemotePs(connections, synchronous=synchronous)
+    servers = _connect_ps(config, secret, synchronous)
     model = WorkerModel(spec.model, servers, seed=int(config["seed"]))
     lease_conn = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
     work: queue.Queue[_Item] = queue.Queue(maxsize=1)
@@ -322,13 +327,7 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
         master.request(READY, {"worker": name, "generation": generation})
         new_config = fetch_config(master, "worker", index)
         servers.close()
-        servers = RemotePs(
-            [
-                connect((str(h), int(p)), secret, retry_for=CONNECT_RETRY_S)
-                for h, p in new_config["ps"]
-            ],
-            synchronous=synchronous,
-        )
+        servers = _connect_ps(new_config, secret, synchronous)
         model.servers = servers
         log.info(
             "%s: PS generation %d (%d PS), paused %.2fs",

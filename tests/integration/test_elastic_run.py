@@ -4,7 +4,6 @@ processes on the local backend (CPU limits enforced where the machine allows cgr
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import os
 import signal
@@ -267,8 +266,7 @@ def test_a_hot_ps_moves_to_a_new_pod_while_training_goes_on(tmp_path: Path) -> N
     assert len(run.ps_pauses) == len(moves)
     assert max(run.ps_pauses) < 3.0, run.ps_pauses
     # Samples/s never stays at zero for 3 s: the longest gap between two shard reports.
-    times = sorted(run.state.report_times)
-    assert max(b - a for a, b in itertools.pairwise(times)) < 3.0
+    assert 0 < run.state.longest_report_gap_s < 3.0
     # The moved PS's pods have new names; the old ones ended, none failed.
     logs = sorted(p.name for p in (tmp_path / "out" / "logs").iterdir())
     assert any("-ps-" in name and "-g" in name for name in logs), logs
