@@ -93,6 +93,7 @@ class CheckpointCoordinator:
         """Run a checkpoint of ``step`` on its own thread, after the previous one; the event
         is set once every PS has taken its snapshot."""
         self.join()
+        self.error = None  # the previous checkpoint's outcome is not this one's
         snapped = threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(step, extra, snapped), name="checkpoint", daemon=True
