@@ -17,6 +17,7 @@ which).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import shutil
 import statistics
@@ -38,7 +39,7 @@ TABLES = (
 )
 
 
-def spec(rows: int, quota: float, start: str) -> JobSpec:
+def spec(rows: int, quota: float, start: str, max_workers: int, max_ps: int) -> JobSpec:
     (w, w_cpu), (p, p_cpu) = (part.split("x") for part in start.split(","))
     text = f"""
 name: elastic-local
@@ -49,6 +50,7 @@ resources:
   limits: {{cpu: {quota}, memory: 12Gi}}
   workers: {{count: {w}, cpu: {w_cpu}, memory: 2Gi}}
   ps: {{count: {p}, cpu: {p_cpu}, memory: 2Gi}}
+elastic: {{max_workers: {max_workers}, max_ps: {max_ps}}}
 """
     return parse(JobSpec, load_text(text, "benchmark"), "benchmark")
 
@@ -68,9 +70,25 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=3_500_000)
     parser.add_argument("--quota", type=float, default=2.0)
     parser.add_argument("--start", default="1x0.25,1x0.25", help="WxCPU,PxCPU to start from")
+    parser.add_argument("--max-workers", type=int, default=32, help="the job's elastic bound")
+    parser.add_argument("--max-ps", type=int, default=15, help="the job's elastic bound")
     parser.add_argument("--output-dir", help="keep the run here (default: a temporary folder)")
+    parser.add_argument(
+        "--objective", choices=("fastest", "cost"), help="the planner's objective (settings.py)"
+    )
+    parser.add_argument("--floor", type=float, help="the planner's throughput floor")
     args = parser.parse_args()
-    job = spec(args.rows, args.quota, args.start)
+    planner = local_planner_settings()
+    auto = planner.auto_scale
+    planner = dataclasses.replace(
+        planner,
+        auto_scale=dataclasses.replace(
+            auto,
+            objective=args.objective or auto.objective,
+            throughput_floor=args.floor or auto.throughput_floor,
+        ),
+    )
+    job = spec(args.rows, args.quota, args.start, args.max_workers, args.max_ps)
     settings = RunSettings(sample_interval_s=2.0, checkpoint_interval_s=0.0)
     plan = user_plan(job, f"the user's guess ({args.start})")
     print(f"machine: {platform.platform()}, {platform.processor() or platform.machine()}")
@@ -82,7 +100,7 @@ def main() -> None:
             job,
             backend,
             plan=plan,
-            planner=local_planner_settings(),
+            planner=planner,
             output_dir=out,
             base_dir=Path.cwd(),
             settings=settings,
@@ -117,6 +135,7 @@ def main() -> None:
     busy = [s for s in p.samples if s.throughput > 0 and s.nodes]
     if busy:
         first, last = busy[: max(1, len(busy) // 5)], busy[-max(1, len(busy) // 5) :]
+        fifths: list[tuple[float, float, float]] = []
         for label, part in (("first fifth", first), ("last fifth", last)):
             req = statistics.fmean(sum(n.cpu_requested for n in s.nodes) for s in part)
             used = statistics.fmean(sum(n.cpu_used for n in s.nodes) for s in part)
@@ -124,6 +143,18 @@ def main() -> None:
             print(
                 f"{label}: CPU requested {req:.2f}, used {used:.2f}, idle {req - used:.2f}; "
                 f"{x:,.0f} samples/s"
+            )
+            fifths.append((req, used, x))
+        # What was given back: the CPU of the final plan against the first; what was idle: the
+        # first plan's CPU less what its pods used (the first fifth, when all of them ran).
+        (_, used0, x0), (_, _, x1) = fifths
+        cpu0 = p.plans[0].workers.total_cpu + p.plans[0].ps.total_cpu
+        cpu1 = p.plans[-1].workers.total_cpu + p.plans[-1].ps.total_cpu
+        if cpu0 > used0:
+            print(
+                f"idle CPU given back: {(cpu0 - cpu1) / (cpu0 - used0):.0%} (plan {cpu0:g} -> "
+                f"{cpu1:g} cores, {cpu0 - used0:.2f} idle at the start); "
+                f"throughput kept: {x1 / x0:.0%}"
             )
     print(f"held-out AUC {p.metrics.auc}")
 

@@ -6,17 +6,21 @@
 - Warm start from 6 over-provisioned jobs (30% used): the plan against their request and peak.
 
     python benchmarks/planner_quality.py
+
+Stage 2 runs with each objective (settings.py): "fastest" (floor 0.97, the default) and
+"cost" (floor 0.9).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlrover_kfp.core.plan import ResourcePlan
-from dlrover_kfp.core.planner import context_from_spec, warm_start
+from dlrover_kfp.core.planner import PlannerSettings, context_from_spec, warm_start
 from dlrover_kfp.core.planner.search import CPU_LADDER
 from dlrover_kfp.sim.workload import Truth
 from tests.unit.test_auto_scale import config, plan, run_loop
@@ -28,17 +32,18 @@ from tests.unit.test_warm_start import (
 )
 
 
-def main() -> None:
-    truth = Truth()
+def stage2(truth: Truth, settings: PlannerSettings) -> None:
     _, best = truth.best_within(64.0, 32, 8, CPU_LADDER)
     print("Stage 2, under-provisioned start 1w x 1cpu + 1ps x 1cpu, quota 64 cpu")
     for seed in range(1, 11):
-        history = run_loop(truth, plan(1, 1.0, 1, 1.0), 64.0, rounds=8, seed=seed)
+        history = run_loop(
+            truth, plan(1, 1.0, 1, 1.0), 64.0, rounds=10, seed=seed, settings=settings
+        )
         share = [truth.throughput(config(h)) / best for h in history]
         reached = next((i for i, s in enumerate(share) if s >= 0.9), None)
         print(
-            f"  seed {seed:2d}: >= 90% of best after {reached} rounds; "
-            f"after 5 rounds {share[5]:.1%}"
+            f"  seed {seed:2d}: >= 90% of best after {reached} rounds; after 5 rounds "
+            f"{share[5]:.1%}, after 10 {share[10]:.1%} at {history[-1].total_cpu:g} cpu"
         )
 
     print("Stage 2, over-provisioned start 8w x 16cpu + 4ps x 8cpu (<= 8w, 4ps), quota 160 cpu")
@@ -49,13 +54,24 @@ def main() -> None:
 
     start = plan(8, 16.0, 4, 8.0)
     for seed in range(1, 11):
-        history = run_loop(truth, start, 160.0, rounds=5, seed=seed, max_workers=8, max_ps=4)
+        history = run_loop(
+            truth, start, 160.0, rounds=8, seed=seed, max_workers=8, max_ps=4, settings=settings
+        )
         end = history[-1]
         kept = truth.throughput(config(end)) / truth.throughput(config(start))
         print(
             f"  seed {seed:2d}: gave back {1 - idle(end) / idle(start):.0%} of idle CPU, kept "
             f"{kept:.0%} throughput, ends at {config(end)}"
         )
+
+
+def main() -> None:
+    truth = Truth()
+    base = PlannerSettings()
+    for objective, floor in (("fastest", 0.97), ("cost", 0.9)):
+        print(f"== objective {objective}, throughput floor {floor}")
+        auto = dataclasses.replace(base.auto_scale, objective=objective, throughput_floor=floor)
+        stage2(truth, dataclasses.replace(base, auto_scale=auto))  # type: ignore[arg-type]
 
     print("Warm start from 6 jobs that asked for 8w x 8cpu/16Gi + 4ps x 8cpu/32Gi and used 30%")
     jobs = over_provisioned_history()

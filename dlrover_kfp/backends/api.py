@@ -71,6 +71,12 @@ class PodReason(StrEnum):
     """Stopped by :meth:`ClusterBackend.delete` (or ``close``) while it was running."""
     START_ERROR = "StartError"
     """The command could not be started at all (no such executable, not executable)."""
+    EVICTED = "Evicted"
+    """Stopped by its node (memory or disk pressure) or through the Eviction API (a drain)."""
+    PREEMPTED = "Preempted"
+    """Stopped by the scheduler to make room for a pod of higher priority."""
+    NODE_LOST = "NodeLost"
+    """Its node stopped answering; the pod was deleted from it (Kubernetes only)."""
 
 
 class BackendError(DlroverKfpError):

@@ -40,6 +40,23 @@ def observations_from_samples(
     return tuple(result)
 
 
+def abandoned_configs(samples: Sequence[RuntimeSample]) -> frozenset[Config]:
+    """Configurations the job ran with and then left for one it had run with before: a step
+    rolled back (or a probe undone). Measurement judged them once; proposing them again on the
+    strength of the model, whose prediction they already failed, is thrashing.
+
+    In the sequence of configurations c0, c1, c2, ... (runs of equal ones merged), ci is
+    abandoned when c(i+1) is one of c0 .. c(i-1).
+    """
+    runs: list[Config] = []
+    for x in samples:
+        if x.workers > 0 and x.ps > 0:
+            c = config_of(x)
+            if not runs or runs[-1] != c:
+                runs.append(c)
+    return frozenset(runs[i] for i in range(1, len(runs) - 1) if runs[i + 1] in runs[:i])
+
+
 def worker_cpu_floor(
     observations: Sequence[Observation], current: Config, headroom: float
 ) -> float:

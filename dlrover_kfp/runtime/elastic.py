@@ -118,6 +118,7 @@ _CAUSES = {
     "Deleted": ExitCause.DELETED,
     "Evicted": ExitCause.EVICTED,
     "Preempted": ExitCause.PREEMPTED,
+    "NodeLost": ExitCause.NODE_LOST,
 }
 
 
@@ -368,7 +369,11 @@ class ElasticRun(StaticRun):
         # What now runs (an abandoned PS change keeps the old PS).
         self.plan = dataclasses.replace(decision.plan, workers=self.workers, ps=self.ps)
         self.last_step = ScalingStep(
-            time=applied_at, before=before, throughput_before=measured, kind=decision.kind
+            time=applied_at,
+            before=before,
+            throughput_before=measured,
+            kind=decision.kind,
+            expected=decision.plan.predicted_throughput,
         )
         self.plans.append(
             AppliedPlan(

@@ -143,7 +143,11 @@ def simulate_job(
             measured = throughput_before(samples, settings)
             t += sim.resize_pause_s
             last = ScalingStep(
-                time=t, before=current, throughput_before=measured, kind=decision.kind
+                time=t,
+                before=current,
+                throughput_before=measured,
+                kind=decision.kind,
+                expected=decision.plan.predicted_throughput,
             )
             current = decision.plan
             plans.append(

@@ -60,9 +60,10 @@ def run_loop(
     seed: int,
     max_workers: int = 32,
     max_ps: int = 8,
+    settings: PlannerSettings = SETTINGS,
 ) -> list[ResourcePlan]:
     """Apply each decision, measure the truth at the new plan, decide again."""
-    ctx = context_from_spec(spec(quota_cpu, max_workers, max_ps), SETTINGS)
+    ctx = context_from_spec(spec(quota_cpu, max_workers, max_ps), settings)
     rng = random.Random(seed)
     current, samples, last = start, [], None
     history = [start]
@@ -70,11 +71,15 @@ def run_loop(
     for _ in range(rounds):
         samples += truth.samples(current, t, SAMPLES_PER_ROUND, rng)
         t = samples[-1].time + ROUND_S
-        decision = auto_scale(ctx, current, samples, t, SETTINGS, last_step=last)
+        decision = auto_scale(ctx, current, samples, t, settings, last_step=last)
         if decision.plan is not None:
             measured = sum(s.throughput for s in samples[-SAMPLES_PER_ROUND:]) / SAMPLES_PER_ROUND
             last = ScalingStep(
-                time=t, before=current, throughput_before=measured, kind=decision.kind
+                time=t,
+                before=current,
+                throughput_before=measured,
+                kind=decision.kind,
+                expected=decision.plan.predicted_throughput,
             )
             current = decision.plan
         history.append(current)
@@ -118,12 +123,77 @@ def test_over_provisioned_start_gives_back_idle_cpu_and_keeps_throughput(seed: i
 
 
 @pytest.mark.parametrize("start", [plan(1, 1.0, 1, 1.0), plan(8, 16.0, 4, 8.0)])
-def test_stable_optimum_yields_no_change(start: ResourcePlan) -> None:
-    """Once converged, deciding again and again on fresh noisy samples changes nothing."""
+@pytest.mark.parametrize("seed", [7, 8, 9])
+def test_stable_optimum_yields_no_change(start: ResourcePlan, seed: int) -> None:
+    """Once converged, deciding again and again on fresh noisy samples changes nothing.
+    (From 2 cores, the trust region takes 6 doublings to the optimum's ~110, plus a rollback
+    or two on the way, and a growth tried and given back: 24 rounds.)"""
     truth = Truth()
-    history = run_loop(truth, start, 160.0, rounds=12, seed=7, max_workers=8, max_ps=4)
+    history = run_loop(truth, start, 160.0, rounds=24, seed=seed, max_workers=8, max_ps=4)
     settled = history[-5:]
     assert all(p.same_resources(settled[0]) for p in settled), [config(p) for p in settled]
+
+
+def _random_loop(seed: int) -> tuple[list[ResourcePlan], float]:
+    rng = random.Random(seed)
+    quota = rng.choice([4.0, 8.0, 16.0, 32.0, 64.0, 160.0])
+    w, p = rng.randint(1, 4), rng.randint(1, 2)
+    lw = rng.choice([0.5, 1.0, 2.0])
+    lp = rng.choice([0.5, 1.0])
+    while w * lw + p * lp > quota:
+        w = max(1, w - 1)
+        lw, lp = 0.5, 0.5
+    # a different job shape each time
+    truth = Truth(
+        worker_threads=rng.uniform(1.0, 8.0),
+        ps_cost=rng.uniform(2e-6, 3e-5),
+        compute=rng.uniform(2e-5, 8e-5),
+    )
+    history = run_loop(truth, plan(w, lw, p, lp), quota, rounds=6, seed=seed)
+    return history, quota
+
+
+@pytest.mark.parametrize("block", range(4))
+def test_growth_stays_in_the_trust_region_and_never_returns_to_an_abandoned_plan(
+    block: int,
+) -> None:
+    """Property, over 160 random jobs, quotas and starts: a step's CPU is at most
+    max_job_cpu_growth x the most the job has run with, and a configuration the job left
+    for an earlier one is never planned again."""
+    growth = SETTINGS.auto_scale.max_job_cpu_growth
+    for seed in range(block * 40, block * 40 + 40):
+        history, quota = _random_loop(seed)
+        configs = [config(h) for h in history]
+        for i in range(1, len(history)):
+            most = max(h.total_cpu for h in history[:i])
+            assert history[i].total_cpu <= growth * most + 1e-9, (seed, configs)
+            assert history[i].total_cpu <= quota + 1e-9
+        abandoned: set[Config] = set()
+        runs = [c for k, c in enumerate(configs) if k == 0 or configs[k - 1] != c]
+        for k in range(1, len(runs)):
+            assert runs[k] not in abandoned, (seed, runs)
+            if k + 1 < len(runs) and runs[k + 1] in runs[:k]:
+                abandoned.add(runs[k])
+
+
+def test_the_cost_objective_gives_back_more_idle_cpu_than_the_fastest() -> None:
+    truth = Truth()
+    start = plan(8, 16.0, 4, 8.0)
+    cost = dataclasses.replace(
+        SETTINGS,
+        auto_scale=dataclasses.replace(SETTINGS.auto_scale, objective="cost", throughput_floor=0.9),
+    )
+
+    def end(settings: PlannerSettings, seed: int) -> ResourcePlan:
+        kw = {"max_workers": 8, "max_ps": 4, "settings": settings}
+        return run_loop(truth, start, 160.0, rounds=8, seed=seed, **kw)[-1]  # type: ignore[arg-type]
+
+    for seed in (1, 2, 3):
+        by_cost, fastest = end(cost, seed), end(SETTINGS, seed)
+        assert by_cost.total_cpu < fastest.total_cpu, (config(by_cost), config(fastest))
+        x0, x1 = truth.throughput(config(start)), truth.throughput(config(by_cost))
+        # the floor is on predictions; a few points of model error below it
+        assert x1 >= 0.85 * x0, (config(by_cost), x1 / x0)
 
 
 def test_waits_for_samples_and_interval() -> None:
@@ -231,7 +301,7 @@ def test_over_provisioned_memory_is_cut_to_measured_use_plus_headroom() -> None:
     samples = measured(current, worker_used=2000, ps_used=[RUNTIME_MB + 50, RUNTIME_MB + 50])
     decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
     assert decision.plan is not None, decision.reason
-    assert decision.kind == "give_back" and "right-sizes memory" in decision.reason
+    assert decision.kind == "memory" and "right-sizes memory" in decision.reason
     new = decision.plan
     assert config(new) == config(current), "memory alone changes"
     # worker: peak x (1 + headroom), rounded up to the memory step
@@ -241,6 +311,29 @@ def test_over_provisioned_memory_is_cut_to_measured_use_plus_headroom() -> None:
     expected_ps = RUNTIME_MB + math.ceil(math.ceil(ctx.ps_state_mb * 1.2) / 2)
     assert new.ps.memory_mb == max(ctx.node.min_memory_mb, expected_ps)
     assert new.total_memory_mb <= 0.8 * current.total_memory_mb
+
+
+def test_a_memory_step_is_not_undone_by_a_throughput_dip() -> None:
+    """Memory does not set the speed: a dip after right-sizing memory is noise or drift, and
+    undoing the step would relaunch every pod for nothing (measured: an 11% drift on a local
+    run once re-inflated memory that way)."""
+    ctx, current = fixed_job(worker_mb=8192, ps_mb=8192)
+    samples = measured(current, worker_used=2000, ps_used=[RUNTIME_MB + 50, RUNTIME_MB + 50])
+    decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
+    assert decision.plan is not None and decision.kind == "memory"
+    step = ScalingStep(
+        time=1000.0,
+        before=current,
+        throughput_before=1000.0,
+        kind=decision.kind,
+        expected=decision.plan.predicted_throughput,
+    )
+    later = [
+        dataclasses.replace(x, time=1000.0 + x.time + 30.0, throughput=850.0)
+        for x in measured(decision.plan, worker_used=2000, ps_used=[RUNTIME_MB + 50] * 2)
+    ]
+    again = auto_scale(ctx, decision.plan, samples + later, 2000.0, SETTINGS, last_step=step)
+    assert again.kind != "rollback", again.reason
 
 
 def test_ps_memory_covers_the_measured_imbalance_and_state_beyond_the_model_floor() -> None:

@@ -4,13 +4,17 @@ observe (samples) -> decide (this module, pure) -> apply (the runtime). Each dec
 
 1. waits until the last change has had ``min_interval_s`` and the current configuration has
    ``min_samples`` samples, so that a plan is judged on steady-state throughput;
-2. rolls the last change back if it cost throughput: ``rollback_drop`` (20%) for a growth
-   step, ``give_back_tolerance`` (5%) for a step that gave resources back;
+2. rolls the last change back if it did not deliver: a step that raised the job's cost must
+   measure at least ``min_gain / 2`` more throughput; a step that lowered it (a give-back, a
+   probe) may measure at most ``give_back_tolerance`` below what it promised;
 3. fits the resource-performance model on every configuration seen so far;
-4. searches the quota for the best configuration and the cheapest one within
-   ``near_optimal`` of it (search.py), never giving a pod less CPU than it uses;
+4. searches for the target by the planner's objective (search.py: the most throughput per
+   unit of cost above ``throughput_floor`` of the best, or the cheapest nearly-best), never
+   giving a pod less CPU than it uses, for growth only within a trust region
+   (``max_job_cpu_growth`` times the most CPU the job was measured with), and never back to
+   a configuration the job abandoned (usage.abandoned_configs: no thrashing);
 5. grows if that promises ``min_gain`` more throughput; gives back if it saves
-   ``min_saving`` of the cost for at most ``max_loss`` of throughput;
+   ``min_saving`` of the cost within the objective's loss bound;
 6. otherwise, if a role leaves CPU idle and has never been measured with less, probes: cuts
    that role's CPU per pod (to ``probe_factor`` of it, not below mean use x 1.25) and lets the
    next measurement judge. Averages of CPU use cannot tell whether fewer cores suffice
@@ -21,7 +25,8 @@ observe (samples) -> decide (this module, pure) -> apply (the runtime). Each dec
 
 Growth moves by bounded steps; giving back is taken whole (rollback bounds its risk).
 Predicted gains are ratios of the model at two configurations applied to the measured
-throughput, so the model's bias at the current point cancels.
+throughput, so the model's bias at the current point cancels; between two configurations the
+job has measured, the ratio of the measurements.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from dlrover_kfp.core.planner.search import CpuBounds, MemoryNeeds, search
 from dlrover_kfp.core.planner.settings import AutoScaleSettings, PlannerSettings
 from dlrover_kfp.core.profile import RuntimeSample
 from dlrover_kfp.core.usage import (
+    abandoned_configs,
     capped_observations,
     config_of,
     cpu_saturation,
@@ -50,7 +56,9 @@ from dlrover_kfp.core.usage import (
     worker_cpu_floor,
 )
 
-StepKind = Literal["grow", "give_back", "rollback"]
+#: "memory": memory right-sized alone, CPU unchanged. Memory does not set the speed, so such a
+#: step is not judged by throughput (noise would undo it); Stage 3 answers an OOM.
+StepKind = Literal["grow", "give_back", "rollback", "memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,8 @@ class ScalingStep:
     before: ResourcePlan
     throughput_before: float  # measured samples/s at ``before``
     kind: StepKind = "grow"
+    #: samples/s the step was predicted to reach (the plan's ``predicted_throughput``)
+    expected: float | None = None
 
 
 def throughput_before(samples: Sequence[RuntimeSample], settings: PlannerSettings) -> float:
@@ -91,13 +101,21 @@ def describe(c: Config) -> str:
     return f"{c.workers}w x {c.worker_cpu:g}cpu + {c.ps}ps x {c.ps_cpu:g}cpu"
 
 
-def _step_toward(cur: Config, target: Config, s: AutoScaleSettings) -> Config:
-    """Growth bounded per step; reductions taken whole (their risk is bounded by rollback)."""
-    workers = min(target.workers, cur.workers + s.max_worker_step)
-    ps = min(target.ps, cur.ps + s.max_ps_step)
-    worker_cpu = min(target.worker_cpu, cur.worker_cpu * s.max_cpu_growth)
-    ps_cpu = min(target.ps_cpu, cur.ps_cpu * s.max_cpu_growth)
-    return Config(workers, ps, worker_cpu, ps_cpu)
+def trust_region(cur: Config, measured_cpu: float, s: AutoScaleSettings) -> tuple[Config, float]:
+    """How far one step may grow (per role, and the job's CPU in all); reductions are free.
+
+    The model is fitted on what was measured; far beyond it, it is a guess, and a wrong guess
+    costs a relaunch of every pod. Searching within the region (rather than clamping a step
+    toward a far target, dimension by dimension) keeps every step one the model rates best
+    among those it can vouch for.
+    """
+    upper = Config(
+        cur.workers + s.max_worker_step,
+        cur.ps + s.max_ps_step,
+        cur.worker_cpu * s.max_cpu_growth,
+        cur.ps_cpu * s.max_cpu_growth,
+    )
+    return upper, s.max_job_cpu_growth * max(measured_cpu, cur.total_cpu)
 
 
 def _probe(
@@ -135,18 +153,25 @@ def _judge(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | No
     """Why the last step should be undone, or None if it stands.
 
     A growth step must pay: it must measure at least ``min_gain / 2`` more throughput (else it
-    holds resources for nothing), and a drop of ``rollback_drop`` undoes it in any case. A
-    give-back step must cost at most ``give_back_tolerance``. A rollback is not judged again.
-    A step taken with nothing measured before it (a restarted job's first) has no baseline:
-    it stands.
+    holds resources for nothing). A give-back step must keep what it promised, the lower of
+    its prediction and the throughput before it, within ``give_back_tolerance``. A memory
+    step is not judged by throughput. A rollback
+    that lost ``rollback_drop`` is reported, not judged again. A step taken with nothing
+    measured before it (a restarted job's first) has no baseline: it stands.
     """
     if step.throughput_before <= 0:
         return None
     change = measured / step.throughput_before - 1
     if step.kind == "grow" and change < s.min_gain / 2:
         return f"the last growth step measured {change:+.1%}, not the gain it was for"
-    if step.kind == "give_back" and change < -s.give_back_tolerance:
-        return f"giving back cost {-change:.0%} of throughput"
+    promised = step.throughput_before
+    if step.expected is not None and step.expected > 0:
+        promised = min(promised, step.expected)
+    if step.kind == "give_back" and measured < (1 - s.give_back_tolerance) * promised:
+        return (
+            f"giving back measured {measured / promised - 1:+.0%} against the "
+            f"{promised:.0f} samples/s it promised"
+        )
     if step.kind == "rollback" and change < -s.rollback_drop:
         return f"throughput fell {-change:.0%} after the rollback"
     return None
@@ -208,7 +233,19 @@ def auto_scale(
         headroom=s.idle_headroom,
     )
     memory, right_sized = memory_needs(ctx, current, samples, s)
-    target = search(model, ctx, memory, bounds, s.near_optimal, include=(cur,)).target
+    upper, cpu_limit = trust_region(cur, max(o.config.total_cpu for o in observations), s)
+    target = search(
+        model,
+        ctx,
+        memory,
+        bounds,
+        s.throughput_floor,
+        include=(cur,),
+        objective=s.objective,
+        cpu_limit=cpu_limit,
+        upper=upper,
+        exclude=abandoned_configs(samples) - {cur},
+    ).target
 
     def predict(c: Config) -> float:
         lw = c.worker_cpu if worker_cap is None else min(c.worker_cpu, worker_cap)
@@ -217,22 +254,31 @@ def auto_scale(
 
     x_cur = predict(cur)
     gain = predict(target.config) / x_cur
+    # A target this run has measured is judged by its measurement, not by the fit.
+    own = {o.config: o.throughput for o in observations_from_samples(samples, ctx.batch_size)}
+    if target.config in own and cur in own and target.config != cur:
+        gain = own[target.config] / own[cur]
     cur_cost = ctx.dominant_share(current.total_cpu, current.total_memory_mb)
+    max_loss = s.max_loss if s.objective == "fastest" else 1 - s.throughput_floor
     kind: StepKind
     if gain >= 1 + s.min_gain:
-        step, kind = _step_toward(cur, target.config, s), "grow"
+        step = target.config
         why = f"model predicts {gain - 1:+.0%} throughput"
-        if step != target.config:
-            why += f", step toward {describe(target.config)}"
-    elif target.cost <= (1 - s.min_saving) * cur_cost and gain >= 1 - s.max_loss:
+        if target.cost < cur_cost:
+            why += f" for {target.cost / cur_cost - 1:+.0%} cost"
+        # A step that costs less must keep its promise; one that costs more must pay.
+        kind = "give_back" if step.total_cpu < cur.total_cpu else "grow"
+    elif target.cost <= (1 - s.min_saving) * cur_cost and gain >= 1 - max_loss:
         step, kind = target.config, "give_back"
         saving = 1 - target.cost / cur_cost
         why = f"gives back {saving:.0%} of the cost for {gain - 1:+.1%} throughput"
     else:
         give_back = _probe(cur, observations, s, ctx.node.cpu_step)
+        kind = "give_back"
         if give_back is None and right_sized:
             freed = current.total_memory_mb - memory.total_mb(cur.workers, cur.ps)
             give_back = cur, f"right-sizes memory to measured use, freeing {freed / 1024:.1f}Gi"
+            kind = "memory"
         if give_back is None:
             return AutoScaleDecision(
                 None,
@@ -241,10 +287,10 @@ def auto_scale(
                 model,
             )
         step, why = give_back
-        kind = "give_back"
     workers, ps = _groups(step, memory, ctx, target.config, target.ps_memory_mb)
     stepped = Config(workers.count, ps.count, workers.cpu, ps.cpu)
-    predicted = measured * predict(stepped) / x_cur
+    # The promise a give-back is judged by: the gain the decision was made on.
+    predicted = measured * (gain if stepped == target.config else predict(stepped) / x_cur)
     return AutoScaleDecision(
         ResourcePlan(
             workers=workers,

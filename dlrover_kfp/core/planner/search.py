@@ -1,18 +1,26 @@
-"""Search the configurations a job may run with for the best and the cheapest near-best one.
+"""Search the configurations a job may run with for the best one and the one to aim for.
 
 Shared by warm start (with a model fitted on history) and auto-scaling (with a model fitted on
 the running job). The space is small enough to evaluate whole: workers x PS x a ladder of CPU
 sizes per role, a few tens of thousands of points, vectorised in numpy in about a millisecond.
 
     best    = argmax_c  X(c)                       over feasible c (quota, elastic bounds)
-    target  = argmin_c  cost(c)  s.t. X(c) >= near_optimal · X(best)
     cost(c) = max(cpu(c) / quota_cpu, memory(c) / quota_memory)   (dominant share)
+
+and the target, by the objective (:class:`Objective`):
+
+    "cost":    target = argmax_c X(c) / cost(c)  s.t. X(c) >= floor · X(best)
+    "fastest": target = argmin_c cost(c)         s.t. X(c) >= floor · X(best)
+
+"cost" is DLRover-RM's: the most throughput per unit of resource, with a floor so that a job
+is not starved for efficiency's sake. "fastest" with a floor near 1 is the throughput-first
+planner: the cheapest configuration that is nearly as fast as the best.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,10 +28,13 @@ import numpy as np
 from dlrover_kfp.core.observation import Config
 from dlrover_kfp.core.perf_model import PerfModel
 from dlrover_kfp.core.planner.context import PlanningContext
+from dlrover_kfp.core.planner.settings import Objective
 from dlrover_kfp.errors import PermanentError
 
-#: Per-pod CPU sizes the search considers (cores), besides the current ones and the caps.
+#: Per-pod CPU sizes the search considers (cores), besides the current ones, the caps and the
+#: first ``FINE_STEPS`` multiples of the node's CPU step (small pods differ by a step).
 CPU_LADDER = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0)
+FINE_STEPS = 8
 
 
 class InfeasiblePlanError(PermanentError):
@@ -101,6 +112,11 @@ def _ladder(
 ) -> np.ndarray:
     node = ctx.node
     values = {v for v in CPU_LADDER if node.min_cpu <= v <= node.max_cpu}
+    values.update(
+        k * node.cpu_step
+        for k in range(1, FINE_STEPS + 1)
+        if node.min_cpu <= k * node.cpu_step <= node.max_cpu
+    )
     values.update(v for v in extra if node.min_cpu <= v <= node.max_cpu)
     if floor > 0:
         lowest = min(node.max_cpu, math.ceil(floor / node.cpu_step - 1e-9) * node.cpu_step)
@@ -115,23 +131,37 @@ def search(
     ctx: PlanningContext,
     memory: MemoryNeeds,
     bounds: CpuBounds,
-    near_optimal: float,
+    floor: float,
     include: Sequence[Config] = (),
+    objective: Objective = "fastest",
+    cpu_limit: float | None = None,
+    upper: Config | None = None,
+    exclude: Collection[Config] = (),
 ) -> SearchResult:
     """Best and target candidates over the whole feasible space (see module docstring).
+
+    ``exclude`` removes configurations from the space (ones measurement already rejected).
+
+    ``cpu_limit`` and ``upper`` narrow the space to a trust region without changing what a
+    core costs: at most ``cpu_limit`` cores in all, and at most ``upper``'s counts and CPU per
+    pod in each role.
 
     The quota wins over usage floors: when no configuration fits with them, the search runs
     again without them (the caller's plan is then below observed use, and says so).
     """
     try:
-        return _search(model, ctx, memory, bounds, near_optimal, include)
+        return _search(
+            model, ctx, memory, bounds, floor, include, objective, cpu_limit, upper, exclude
+        )
     except InfeasiblePlanError:
         if bounds.worker_floor <= 0 and bounds.ps_cores_per_sample is None:
             raise
         relaxed = CpuBounds(
             headroom=bounds.headroom, worker_cap=bounds.worker_cap, ps_cap=bounds.ps_cap
         )
-        return _search(model, ctx, memory, relaxed, near_optimal, include)
+        return _search(
+            model, ctx, memory, relaxed, floor, include, objective, cpu_limit, upper, exclude
+        )
 
 
 def _search(
@@ -139,8 +169,12 @@ def _search(
     ctx: PlanningContext,
     memory: MemoryNeeds,
     bounds: CpuBounds,
-    near_optimal: float,
+    floor: float,
     include: Sequence[Config],
+    objective: Objective,
+    cpu_limit: float | None,
+    upper: Config | None,
+    exclude: Collection[Config],
 ) -> SearchResult:
     w_values = np.arange(ctx.min_workers, ctx.max_workers + 1)
     p_values = np.arange(ctx.min_ps, ctx.max_ps + 1)
@@ -152,7 +186,15 @@ def _search(
     ps_mem = np.array([memory.ps_mb(int(n)) for n in p_values])[p - ctx.min_ps]
     cpu = w * lw + p * lp
     mem = w * memory.worker_mb + p * ps_mem
-    feasible = (cpu <= ctx.quota_cpu + 1e-9) & (mem <= ctx.quota_memory_mb)
+    limit = ctx.quota_cpu if cpu_limit is None else min(ctx.quota_cpu, cpu_limit)
+    feasible = (cpu <= limit + 1e-9) & (mem <= ctx.quota_memory_mb)
+    if upper is not None:
+        feasible &= (w <= upper.workers) & (p <= upper.ps)
+        feasible &= (lw <= upper.worker_cpu + 1e-9) & (lp <= upper.ps_cpu + 1e-9)
+    for c in exclude:
+        feasible &= ~(
+            (w == c.workers) & (p == c.ps) & np.isclose(lw, c.worker_cpu) & np.isclose(lp, c.ps_cpu)
+        )
     if not feasible.any():
         raise InfeasiblePlanError(
             f"no configuration fits the quota (cpu {ctx.quota_cpu:g}, memory "
@@ -170,9 +212,13 @@ def _search(
             )
     cost = np.maximum(cpu / ctx.quota_cpu, mem / ctx.quota_memory_mb)
     i_best = int(np.argmax(x))
-    near = np.flatnonzero(x >= near_optimal * x[i_best])
-    # cheapest near-best; among equally cheap, the fastest
-    order = np.lexsort((-x[near], np.round(cost[near], 9)))
+    near = np.flatnonzero(x >= floor * x[i_best])
+    if objective == "cost":
+        # most throughput per unit of cost; among equals, the fastest
+        order = np.lexsort((-x[near], -np.round(x[near] / cost[near], 9)))
+    else:
+        # cheapest near-best; among equally cheap, the fastest
+        order = np.lexsort((-x[near], np.round(cost[near], 9)))
     i_target = int(near[order[0]])
 
     def candidate(i: int) -> Candidate:

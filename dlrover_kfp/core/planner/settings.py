@@ -7,8 +7,13 @@ the planning functions take them as an argument and read nothing else.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from dlrover_kfp.core.perf_model import FitSettings
+
+#: What a plan's target optimises (planner/search.py): the most throughput per unit of cost
+#: above a throughput floor, or the cheapest plan nearly as fast as the best.
+Objective = Literal["cost", "fastest"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,15 +83,23 @@ class AutoScaleSettings:
     min_samples: int = 5
     #: Seconds between two plans (DLRover: 300 s since the last plan).
     min_interval_s: float = 300.0
-    #: The target is the cheapest configuration whose predicted throughput is at least this
-    #: share of the best one reachable within the quota: give up <= 3% speed to save resources.
-    near_optimal: float = 0.97
+    #: The target (search.py): with "fastest", the cheapest configuration predicted at least
+    #: ``throughput_floor`` of the best the quota allows (0.97: give up <= 3% speed to save
+    #: resources); with "cost", the one with the most throughput per unit of cost (dominant
+    #: share) among them, DLRover-RM's objective, which wants a lower floor to differ.
+    objective: Objective = "fastest"
+    throughput_floor: float = 0.97
     #: A move must promise this much more throughput ...
     min_gain: float = 0.05
     #: ... or save this share of the job's cost (dominant resource share) ...
     min_saving: float = 0.10
-    #: ... while losing at most this share of throughput.
+    #: ... while losing at most this share of throughput ("fastest"; with "cost" the target
+    #: is already above the floor, and the step is judged against its own prediction).
     max_loss: float = 0.03
+    #: Growth is planned within a trust region: a job's CPU after a step at most this many
+    #: times the most it has been measured with. The model is fitted on what was measured;
+    #: four times further out it is a guess, and a wrong guess costs a relaunch of every pod.
+    max_job_cpu_growth: float = 2.0
     #: Bounds on one step, so that a wrong model costs one short detour, not a disaster.
     #: DLRover grows workers by at most 8 per step.
     max_worker_step: int = 8
@@ -102,8 +115,9 @@ class AutoScaleSettings:
     idle_headroom: float = 0.25
     #: Roll back a growth step when throughput falls this much after it (DLRover: 20%) ...
     rollback_drop: float = 0.2
-    #: ... and a give-back step (or probe) when it costs more than this: giving back is only
-    #: worth it when the job keeps its speed. Above the noise of a 5-sample mean (~1-2%).
+    #: ... and a step that lowers the job's cost (a give-back, a probe) when it measures more
+    #: than this below what it promised: the lower of its prediction and the throughput before
+    #: it. Above the noise of a 5-sample mean (~1-2%).
     give_back_tolerance: float = 0.05
     #: Memory right-sizing. Once measured, a worker gets its peak use x (1 + this): a worker's
     #: memory is flat per batch, so its peak after ``min_samples`` samples is its need ...

@@ -155,7 +155,14 @@ def warm_start(
             ps_cores_per_sample=ps_cores_per_sample(observations),
             headroom=ws.cpu_margin,
         )
-        target = search(model, ctx, memory, bounds, settings.auto_scale.near_optimal).target
+        target = search(
+            model,
+            ctx,
+            memory,
+            bounds,
+            settings.auto_scale.throughput_floor,
+            objective=settings.auto_scale.objective,
+        ).target
         cfg = target.config
         how = f"model fitted on {len(configs)} configurations"
     else:

@@ -122,7 +122,11 @@ class PlannerPolicy:
             None
             if decision.kind == "rollback"
             else ScalingStep(
-                time=now, before=job.plan, throughput_before=measured, kind=decision.kind
+                time=now,
+                before=job.plan,
+                throughput_before=measured,
+                kind=decision.kind,
+                expected=decision.plan.predicted_throughput,
             )
         )
         return decision.plan
