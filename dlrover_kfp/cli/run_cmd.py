@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dlrover_kfp.cli.common import HELP_FORMAT, add_history_option, history_url
 from dlrover_kfp.core.documents import to_dict
+from dlrover_kfp.core.plan import ResourcePlan, Stage
+from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import read_document
-from dlrover_kfp.runtime.job import RunSettings
-from dlrover_kfp.runtime.launch import run_local, unwind_on_sigterm
+from dlrover_kfp.runtime.job import RunSettings, static_groups
+from dlrover_kfp.runtime.kube import (
+    DEFAULT_MOUNT_PATH,
+    KubeOptions,
+    dry_run_manifests,
+    kube_settings,
+    master_host,
+    run_kubernetes,
+)
+from dlrover_kfp.runtime.launch import run_local, stage_1, unwind_on_sigterm
 
 
 def register(sub: Any) -> None:
@@ -45,7 +59,12 @@ def register(sub: Any) -> None:
         action="store_true",
         help="keep the spec's own resources for the whole run (no planning, no relaunch)",
     )
-    parser.add_argument("--backend", choices=("local",), default="local", help="where pods run")
+    parser.add_argument(
+        "--backend",
+        choices=("local", "kubernetes"),
+        default="local",
+        help="where pods run: local processes, or pods in a Kubernetes namespace",
+    )
     parser.add_argument("--output-dir", required=True, metavar="DIR", help="where results go")
     parser.add_argument(
         "--checkpoint-interval",
@@ -62,8 +81,64 @@ def register(sub: Any) -> None:
         help="seconds between runtime samples and progress lines (default 2)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial model")
+    kube = parser.add_argument_group("kubernetes (with --backend kubernetes)")
+    kube.add_argument("--namespace", metavar="NS", help="the namespace of the job's pods")
+    kube.add_argument("--image", metavar="IMG", help="the pods' image (deploy/Dockerfile)")
+    kube.add_argument("--kubeconfig", metavar="FILE", help="default: in-cluster, else KUBECONFIG")
+    kube.add_argument("--context", help="the kubeconfig context (default: its current one)")
+    kube.add_argument(
+        "--claim",
+        metavar="PVC",
+        help="a PersistentVolumeClaim mounted in every pod at --mount-path; --output-dir must "
+        "be on it (the PS persist checkpoints there)",
+    )
+    kube.add_argument("--mount-path", default=DEFAULT_MOUNT_PATH, metavar="PATH")
+    kube.add_argument(
+        "--master-host",
+        metavar="HOST",
+        help="the address the pods reach the job master at (default: POD_IP, set in-cluster)",
+    )
+    kube.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the Secret (values redacted) and pods the run would create first, as YAML, "
+        "and exit (like kubectl --dry-run=client -o yaml)",
+    )
     add_history_option(parser)
     parser.set_defaults(func=_run)
+
+
+def _kube_options(args: argparse.Namespace) -> KubeOptions:
+    for flag in ("namespace", "image"):
+        if not getattr(args, flag):
+            raise UserInputError(f"--backend kubernetes: --{flag} is required")
+    return KubeOptions(
+        namespace=args.namespace,
+        image=args.image,
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        claim=args.claim,
+        mount_path=args.mount_path,
+        master_host=args.master_host,
+    )
+
+
+def _dry_run(
+    spec: JobSpec, opts: KubeOptions, settings: RunSettings, url: str | None, static: bool
+) -> int:
+    planner = PlannerSettings()
+    if static:
+        workers, ps = static_groups(spec)
+        plan = ResourcePlan(workers=workers, ps=ps, stage=Stage.MANUAL, reason="--static")
+    else:
+        plan, _ = stage_1(spec, url, planner)
+    manifests = dry_run_manifests(spec, plan, settings, kube_settings(opts), f"{spec.name}-dry-run")
+    sys.stdout.write(
+        f"# {spec.name}: starting plan ({plan.stage.value}): {plan.reason}\n"
+        "# the job master's port is chosen when it starts: --master shows port 0\n"
+    )
+    sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -85,17 +160,40 @@ def _run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    unwind_on_sigterm()
-    result = run_local(
-        spec,
-        output_dir=output,
-        base_dir=job_path.resolve().parent,
-        settings=settings,
-        progress=progress,
-        history_url=url,
-        static=args.static,
-        resume=True,
-    )
+    if args.dry_run and args.backend != "kubernetes":
+        raise UserInputError("--dry-run: only with --backend kubernetes")
+    if args.backend == "kubernetes":
+        opts = _kube_options(args)
+        # The pods run the image's interpreter, not this one's path.
+        if args.dry_run:
+            host = args.master_host or "<master-ip>"
+            settings = dataclasses.replace(settings, master_host=host, python="python")
+            return _dry_run(spec, opts, settings, url, args.static)
+        settings = dataclasses.replace(settings, master_host=master_host(opts), python="python")
+        unwind_on_sigterm()
+        result = run_kubernetes(
+            spec,
+            opts,
+            output_dir=output,
+            base_dir=job_path.resolve().parent,
+            settings=settings,
+            progress=progress,
+            history_url=url,
+            static=args.static,
+            resume=True,
+        )
+    else:
+        unwind_on_sigterm()
+        result = run_local(
+            spec,
+            output_dir=output,
+            base_dir=job_path.resolve().parent,
+            settings=settings,
+            progress=progress,
+            history_url=url,
+            static=args.static,
+            resume=True,
+        )
     profile = result.profile
     summary = {
         "run_id": profile.run_id,

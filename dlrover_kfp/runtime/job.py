@@ -100,7 +100,7 @@ class JobFailedError(TransientError):
 Progress = Callable[[str], None]
 
 
-def _static_groups(spec: JobSpec) -> tuple[NodeGroup, NodeGroup]:
+def static_groups(spec: JobSpec) -> tuple[NodeGroup, NodeGroup]:
     res = spec.resources
     if res.workers is None or res.ps is None:
         missing = "resources.workers" if res.workers is None else "resources.ps"
@@ -134,6 +134,57 @@ def _unfinished_run(output_dir: Path, job: str) -> dict[str, Any] | None:
     return data if data["job"] == job else None
 
 
+def pod_name(job: str, role: str, index: int, generation: int = 0) -> str:
+    """A pod's name; a PS of a later generation (a changed PS set) gets its own."""
+    base = f"{job}-{role}-{index}"
+    return base if generation == 0 else f"{base}-g{generation}"
+
+
+def trainer_pod(
+    job: str,
+    run_id: str,
+    secret: bytes,
+    settings: RunSettings,
+    role: str,
+    index: int,
+    group: NodeGroup,
+    master: tuple[str, int],
+    *,
+    generation: int = 0,
+) -> PodSpec:
+    """The pod of one PS or worker of a run: the trainer's command (role, index, the master's
+    address), the job secret in its env, the group's resources, the run's labels."""
+    host, port = master
+    return PodSpec(
+        name=pod_name(job, role, index, generation),
+        role="ps" if role == "ps" else "worker",
+        index=index,
+        command=(
+            settings.python,
+            "-m",
+            "dlrover_kfp.training.node",
+            role,
+            str(index),
+            "--master",
+            f"{host}:{port}",
+        )
+        + (("--generation", str(generation)) if generation else ()),
+        env={
+            SECRET_ENV_VAR: secret_to_env(secret),
+            # Under a CFS quota an idle OpenMP thread must sleep, not spin: spinning burns
+            # the pod's quota and throttles the threads that have work.
+            "OMP_WAIT_POLICY": "PASSIVE",
+        }
+        | (
+            {THREADS_ENV: str(settings.torch_threads)} if settings.torch_threads is not None else {}
+        ),
+        cpu=group.cpu,
+        memory_mb=group.memory_mb,
+        labels={"job": job, "run": run_id, "role": role, "index": str(index)}
+        | ({"generation": str(generation)} if generation else {}),
+    )
+
+
 class StaticRun:
     """One run of a job with fixed resources. Build it, then call :meth:`run` once.
 
@@ -164,7 +215,7 @@ class StaticRun:
         self.base_dir = base_dir
         self.settings = settings or RunSettings()
         # The pods it starts with: the spec's own (a static run) unless given (an elastic one).
-        self.workers, self.ps = groups if groups is not None else _static_groups(spec)
+        self.workers, self.ps = groups if groups is not None else static_groups(spec)
         self.started_wall = time.time()
         #: the committed checkpoint an interrupted run of this output directory resumes from
         self.resume_from: ckpt.CheckpointChoice | None = None
@@ -205,9 +256,7 @@ class StaticRun:
     # -- pods ----------------------------------------------------------------------------------
 
     def _pod_name(self, role: str, index: int, generation: int = 0) -> str:
-        """A pod's name; a PS of a later generation (a changed PS set) gets its own."""
-        base = f"{self.spec.name}-{role}-{index}"
-        return base if generation == 0 else f"{base}-g{generation}"
+        return pod_name(self.spec.name, role, index, generation)
 
     def _pod(
         self,
@@ -218,36 +267,16 @@ class StaticRun:
         *,
         generation: int = 0,
     ) -> PodSpec:
-        host, port = master
-        return PodSpec(
-            name=self._pod_name(role, index, generation),
-            role="ps" if role == "ps" else "worker",
-            index=index,
-            command=(
-                self.settings.python,
-                "-m",
-                "dlrover_kfp.training.node",
-                role,
-                str(index),
-                "--master",
-                f"{host}:{port}",
-            )
-            + (("--generation", str(generation)) if generation else ()),
-            env={
-                SECRET_ENV_VAR: secret_to_env(self.secret),
-                # Under a CFS quota an idle OpenMP thread must sleep, not spin: spinning burns
-                # the pod's quota and throttles the threads that have work.
-                "OMP_WAIT_POLICY": "PASSIVE",
-            }
-            | (
-                {THREADS_ENV: str(self.settings.torch_threads)}
-                if self.settings.torch_threads is not None
-                else {}
-            ),
-            cpu=group.cpu,
-            memory_mb=group.memory_mb,
-            labels={"job": self.spec.name, "role": role, "index": str(index)}
-            | ({"generation": str(generation)} if generation else {}),
+        return trainer_pod(
+            self.spec.name,
+            self.run_id,
+            self.secret,
+            self.settings,
+            role,
+            index,
+            group,
+            master,
+            generation=generation,
         )
 
     def _failed(self, statuses: list[PodStatus]) -> PodStatus | None:

@@ -1,6 +1,7 @@
-"""Run a job on this machine end to end: Stage 1, the run on the local backend, the record.
+"""Run a job end to end on a backend: Stage 1, the run, the record.
 
-``dlrover-kfp run`` and the quickstart both call :func:`run_local`: an elastic run starts from
+``dlrover-kfp run`` and the quickstart call :func:`run_job` (through :func:`run_local` for the
+local backend, :mod:`dlrover_kfp.runtime.kube` for Kubernetes): an elastic run starts from
 Stage 1's plan (warm start from the history's similar jobs, else a cold start) with the
 measurements of those jobs handed to Stage 2 as known points, and its profile goes to the
 history afterwards, failed runs included. The history store is opened only around the query and
@@ -14,7 +15,7 @@ import signal
 from pathlib import Path
 from types import FrameType
 
-from dlrover_kfp.backends import LocalBackend
+from dlrover_kfp.backends import ClusterBackend, LocalBackend
 from dlrover_kfp.core.observation import Observation
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings
@@ -63,6 +64,64 @@ def record_profile(history_url: str, profile: JobProfile) -> bool:
     return new
 
 
+def run_job(
+    spec: JobSpec,
+    backend: ClusterBackend,
+    *,
+    output_dir: Path,
+    base_dir: Path,
+    settings: RunSettings,
+    progress: Progress,
+    history_url: str | None = None,
+    static: bool = False,
+    run_id: str | None = None,
+    resume: bool = False,
+    planner: PlannerSettings | None = None,
+) -> RunResult:
+    """Train ``spec`` to the end on ``backend``, writing ``output_dir`` (profile.json, the
+    model, the checkpoints).
+
+    Elastic unless ``static`` (the spec's own resources for the whole run), planned with
+    ``planner`` (default: :func:`local_planner_settings`, for pods on one machine). With
+    ``history_url`` the start is planned from that history and the profile recorded in it.
+    With ``resume``, a run an earlier master left unfinished in ``output_dir`` (killed) goes on
+    from its last committed checkpoint (:class:`~dlrover_kfp.runtime.job.StaticRun`).
+    """
+    run: StaticRun
+    if static:
+        run = StaticRun(
+            spec,
+            backend,
+            output_dir=output_dir,
+            base_dir=base_dir,
+            settings=settings,
+            run_id=run_id,
+            progress=progress,
+            resume=resume,
+        )
+    else:
+        planner = planner or local_planner_settings()
+        plan, known = stage_1(spec, history_url, planner)
+        progress(f"{spec.name}: starting plan ({plan.stage.value}): {plan.reason}")
+        run = ElasticRun(
+            spec,
+            backend,
+            plan=plan,
+            planner=planner,
+            output_dir=output_dir,
+            base_dir=base_dir,
+            settings=settings,
+            run_id=run_id,
+            progress=progress,
+            known=known,
+            resume=resume,
+        )
+    result = run.run()
+    if history_url is not None:
+        record_profile(history_url, result.profile)
+    return result
+
+
 def run_local(
     spec: JobSpec,
     *,
@@ -75,48 +134,20 @@ def run_local(
     run_id: str | None = None,
     resume: bool = False,
 ) -> RunResult:
-    """Train ``spec`` to the end as local processes, writing ``output_dir`` (profile.json, the
-    model, the checkpoints, the pods' logs under ``logs/``).
-
-    Elastic unless ``static`` (the spec's own resources for the whole run). With
-    ``history_url`` the start is planned from that history and the profile recorded in it.
-    With ``resume``, a run an earlier master left unfinished in ``output_dir`` (killed) goes on
-    from its last committed checkpoint (:class:`~dlrover_kfp.runtime.job.StaticRun`).
-    """
-    run: StaticRun
+    """:func:`run_job` with the pods as local processes (their logs under ``logs/``)."""
     with LocalBackend(output_dir / "logs") as backend:
-        if static:
-            run = StaticRun(
-                spec,
-                backend,
-                output_dir=output_dir,
-                base_dir=base_dir,
-                settings=settings,
-                run_id=run_id,
-                progress=progress,
-                resume=resume,
-            )
-        else:
-            planner = local_planner_settings()
-            plan, known = stage_1(spec, history_url, planner)
-            progress(f"{spec.name}: starting plan ({plan.stage.value}): {plan.reason}")
-            run = ElasticRun(
-                spec,
-                backend,
-                plan=plan,
-                planner=planner,
-                output_dir=output_dir,
-                base_dir=base_dir,
-                settings=settings,
-                run_id=run_id,
-                progress=progress,
-                known=known,
-                resume=resume,
-            )
-        result = run.run()
-    if history_url is not None:
-        record_profile(history_url, result.profile)
-    return result
+        return run_job(
+            spec,
+            backend,
+            output_dir=output_dir,
+            base_dir=base_dir,
+            settings=settings,
+            progress=progress,
+            history_url=history_url,
+            static=static,
+            run_id=run_id,
+            resume=resume,
+        )
 
 
-__all__ = ["record_profile", "run_local", "stage_1", "unwind_on_sigterm"]
+__all__ = ["record_profile", "run_job", "run_local", "stage_1", "unwind_on_sigterm"]

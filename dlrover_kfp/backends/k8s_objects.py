@@ -1,0 +1,445 @@
+"""Kubernetes objects as plain dicts: what the Kubernetes backend creates, and what it reads back.
+
+Pure functions, no I/O and no ``kubernetes`` import, so that ``--dry-run`` and the tests render
+exactly what a run would send, and the status rules are tested as functions:
+
+* :func:`render_pod` / :func:`render_secret`: the manifests (wire format, camelCase), requests
+  equal to limits, ``restartPolicy: Never``, the job's env values only as ``secretKeyRef``\\ s;
+* :func:`pod_status`: a pod object as the API server returns it -> :class:`PodStatus`, reading
+  OOMKilled and exit codes from the container's ``state`` / ``lastState``, eviction, preemption
+  and node loss from ``status.reason`` and the ``DisruptionTarget`` condition;
+* :class:`KubernetesSettings`: where and how the pods run, read once at the edge;
+* :func:`parse_cpu` / :func:`parse_memory`: Kubernetes quantities (``250m``, ``1.5``, ``2Gi``,
+  ``123456Ki``, ``1e3``) as metrics.k8s.io and the API server write them.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from dlrover_kfp.backends.api import PodPhase, PodReason, PodSpec, PodStatus
+from dlrover_kfp.core.profile import Role
+from dlrover_kfp.errors import UserInputError
+
+#: Labels every object of a job carries (with ``job``: :func:`job_labels`).
+MANAGED_BY = {"app.kubernetes.io/managed-by": "dlrover-kfp"}
+
+#: Where a PS's flash-checkpoint buffer lives: POSIX shared memory, i.e. ``/dev/shm``, which a
+#: pod gets as an ``emptyDir`` in memory. Its pages count against the pod's memory limit (the
+#: plan's PS memory includes the snapshot buffer for that reason).
+SHM_PATH = "/dev/shm"
+
+#: The ``DisruptionTarget`` condition's reasons (Kubernetes 1.26+) -> why the pod stopped.
+_DISRUPTIONS = {
+    "EvictionByEvictionAPI": PodReason.EVICTED,
+    "TerminationByKubelet": PodReason.EVICTED,
+    "PreemptionByScheduler": PodReason.PREEMPTED,
+    "PreemptionByKubeScheduler": PodReason.PREEMPTED,
+    "DeletionByTaintManager": PodReason.NODE_LOST,
+    "DeletionByPodGC": PodReason.NODE_LOST,
+}
+#: ``status.reason`` of a pod stopped by its node rather than by its container.
+_POD_REASONS = {
+    "Evicted": PodReason.EVICTED,
+    "Preempting": PodReason.PREEMPTED,
+    "NodeLost": PodReason.NODE_LOST,
+    "Shutdown": PodReason.EVICTED,
+    "NodeShutdown": PodReason.EVICTED,
+    "Terminated": PodReason.EVICTED,
+}
+#: A container's terminated reasons that mean it never ran.
+_START_ERRORS = frozenset({"StartError", "ContainerCannotRun", "CreateContainerError"})
+
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    """The object whose deletion deletes the job's pods and Secret (the master's own pod when
+    it runs in the cluster): Kubernetes' garbage collector then cleans up after a master that
+    is deleted, even one killed before it could."""
+
+    name: str
+    uid: str
+    kind: str = "Pod"
+    api_version: str = "v1"
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Volume:
+    """A PersistentVolumeClaim mounted at the same path in every pod (and in the master): the
+    run's checkpoints and profile are written under it."""
+
+    claim: str
+    mount_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Backoff for transient API failures: ``initial_s`` doubling to ``max_s``, until
+    ``deadline_s`` has passed since the first attempt."""
+
+    initial_s: float = 0.2
+    max_s: float = 5.0
+    deadline_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class KubernetesSettings:
+    """Where and how the job's pods run. Read once at the edge (the CLI, a component)."""
+
+    namespace: str
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    #: the run's volume (PVC and the path it is mounted at in every pod), if any
+    volume: Volume | None = None
+    #: the object that owns the job's pods (the master's pod); None outside the cluster
+    owner: OwnerRef | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: seconds one API call may take (connect and read)
+    request_timeout_s: float = 30.0
+    #: seconds a watch runs before it is renewed (the server ends it then)
+    watch_timeout_s: int = 60
+    #: extra seconds :meth:`KubernetesBackend.delete` waits past the grace period
+    delete_slack_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.namespace:
+            raise UserInputError("kubernetes: --namespace is required")
+        if not self.image:
+            raise UserInputError("kubernetes: --image is required")
+
+
+def owner_from_env(env: Mapping[str, str]) -> OwnerRef | None:
+    """The master's own pod, from the downward API variables deploy/master-pod.yaml sets."""
+    name, uid = env.get("POD_NAME"), env.get("POD_UID")
+    return OwnerRef(name=name, uid=uid) if name and uid else None
+
+
+def label_value(text: str) -> str:
+    """``text`` as a valid label value: at most 63 characters of ``[A-Za-z0-9-_.]``, starting
+    and ending alphanumeric; a value that had to change gets a hash suffix so that two
+    different texts stay different."""
+    if len(text) <= 63 and _LABEL_VALUE.fullmatch(text):
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:54].strip("-_.")
+    return f"{cleaned}-{digest}" if cleaned else digest
+
+
+def dns_name(text: str, max_length: int = 253) -> str:
+    """``text`` as a DNS-1123 name (lower case, ``[a-z0-9-]``), for object names built from a
+    run id; a changed text gets a hash suffix, as in :func:`label_value`."""
+    lowered = re.sub(r"[^a-z0-9-]", "-", text.lower()).strip("-")
+    if lowered == text and len(text) <= max_length:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{lowered[: max_length - 9].strip('-')}-{digest}" if lowered else digest
+
+
+def secret_name(job: str) -> str:
+    """The Secret that holds a job's env values (one per job, as its pod names are)."""
+    return f"{dns_name(job, 240)}-env"
+
+
+def job_labels(job: str) -> dict[str, str]:
+    """The labels that scope a job's objects (its pods add ``role``, ``index`` and ``run``)."""
+    return {**MANAGED_BY, "job": label_value(job)}
+
+
+def selector(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def cpu_quantity(cores: float) -> str:
+    """Cores as millicores, the unit the scheduler works in (0.25 -> ``250m``)."""
+    return f"{max(1, round(cores * 1000))}m"
+
+
+def memory_quantity(mb: int) -> str:
+    return f"{mb}Mi"
+
+
+def env_key(name: str, version: int = 0) -> str:
+    """The Secret key that holds env variable ``name``'s ``version``-th distinct value (pods
+    whose values differ each find their own; keys say nothing about the values)."""
+    return f"{name.lower().replace('_', '-')}-{version}"
+
+
+def secret_keys(
+    env: Mapping[str, str], known: dict[tuple[str, str], str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Keys of ``env``'s values in a job's Secret: (env name -> key, new key -> value).
+    ``known`` maps (name, value) to keys already written, and gains the new ones."""
+    keys: dict[str, str] = {}
+    new: dict[str, str] = {}
+    for name, value in env.items():
+        key = known.get((name, value))
+        if key is None:
+            version = sum(1 for n, _ in known if n == name)
+            key = known[(name, value)] = env_key(name, version)
+            new[key] = value
+        keys[name] = key
+    return keys, new
+
+
+def render_secret(
+    name: str,
+    namespace: str,
+    data: Mapping[str, str],
+    labels: Mapping[str, str],
+    owner: OwnerRef | None = None,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(name, namespace, labels, owner),
+        "type": "Opaque",
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in sorted(data.items())},
+    }
+
+
+def render_pod(
+    spec: PodSpec,
+    *,
+    namespace: str,
+    image: str,
+    labels: Mapping[str, str],
+    secret_name: str,
+    secret_keys: Mapping[str, str],
+    owner: OwnerRef | None = None,
+    volume: Volume | None = None,
+    image_pull_policy: str = "IfNotPresent",
+) -> dict[str, Any]:
+    """A pod for ``spec``. ``secret_keys`` maps each of ``spec.env``'s names to its key in the
+    Secret ``secret_name``: no env value appears in the pod's manifest (anyone who may read
+    pods may read a pod spec), only the reference. The resource variables the trainer sizes
+    its threads by are plain values: they are the pod's limits, not secrets."""
+    missing = set(spec.env) - set(secret_keys)
+    if missing:
+        raise ValueError(f"pod {spec.name}: no Secret key for env {sorted(missing)}")
+    env: list[dict[str, Any]] = [
+        {"name": k, "value": v} for k, v in sorted(spec.resource_env().items())
+    ] + [
+        {"name": k, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_keys[k]}}}
+        for k in sorted(spec.env)
+    ]
+    resources = {"cpu": cpu_quantity(spec.cpu), "memory": memory_quantity(spec.memory_mb)}
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    if spec.role == "ps":
+        volumes.append(
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": resources["memory"]}}
+        )
+        mounts.append({"name": "shm", "mountPath": SHM_PATH})
+    if volume is not None:
+        volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": volume.claim}})
+        mounts.append({"name": "runs", "mountPath": volume.mount_path})
+    container: dict[str, Any] = {
+        "name": spec.role,
+        "image": image,
+        "imagePullPolicy": image_pull_policy,
+        "command": list(spec.command),
+        "env": env,
+        # Requests equal limits: the Guaranteed class, so that the planner's CPU is the pod's
+        # and a busy node evicts this pod last.
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod_labels = {
+        **{k: label_value(v) for k, v in spec.labels.items()},
+        **labels,
+        "role": spec.role,
+        "index": str(spec.index),
+    }
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": _metadata(spec.name, namespace, pod_labels, owner),
+        "spec": {
+            # A failed pod is relaunched by the job master under the same name, with new
+            # resources if the planner says so; the kubelet restarting it in place would not.
+            "restartPolicy": "Never",
+            # Workers and PS never call the API: no token in their filesystem.
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [container],
+        },
+    }
+    if volumes:
+        body["spec"]["volumes"] = volumes
+    return body
+
+
+def redacted(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy whose Secret values read ``***`` (for ``--dry-run`` and logs)."""
+    out = copy.deepcopy(dict(manifest))
+    for key in ("data", "stringData"):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: "***" for k in out[key]}
+    return out
+
+
+def _metadata(
+    name: str, namespace: str, labels: Mapping[str, str], owner: OwnerRef | None
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict(labels)}
+    if owner is not None:
+        meta["ownerReferences"] = [owner.manifest()]
+    return meta
+
+
+# -- reading back --------------------------------------------------------------------------
+
+
+def timestamp(text: str | None) -> float | None:
+    """An RFC 3339 time of the API (``2026-11-24T05:12:18Z``) as seconds since the epoch."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _disruption(status: Mapping[str, Any]) -> PodReason | None:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return _DISRUPTIONS.get(str(cond.get("reason")), PodReason.EVICTED)
+    return _POD_REASONS.get(str(status.get("reason")))
+
+
+def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The first container's terminated state: ``state``, else ``lastState`` (a container
+    that was restarted in place keeps its last end there)."""
+    for cs in status.get("containerStatuses") or ():
+        for key in ("state", "lastState"):
+            term = (cs.get(key) or {}).get("terminated")
+            if term:
+                return term  # type: ignore[no-any-return]
+    return None
+
+
+def pod_status(
+    pod: Mapping[str, Any], *, gone: bool = False, deleted_by_us: bool = False
+) -> PodStatus:
+    """What the job master sees of a pod object. ``gone``: the object was deleted (its last
+    state is ``pod``); ``deleted_by_us``: the backend deleted it while it ran, so it ends
+    ``FAILED``/``Deleted`` whatever its exit code (the port's rule for :meth:`delete`)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    role: Role = "ps" if labels.get("role") == "ps" else "worker"
+    try:
+        index = int(labels.get("index", 0))
+    except ValueError:
+        index = 0
+    phase = {
+        "Pending": PodPhase.PENDING,
+        "Running": PodPhase.RUNNING,
+        "Succeeded": PodPhase.SUCCEEDED,
+        "Failed": PodPhase.FAILED,
+    }.get(str(status.get("phase")), PodPhase.PENDING)
+    term = _terminated(status)
+    started = timestamp(status.get("startTime"))
+    finished = timestamp(term.get("finishedAt")) if term else None
+    exit_code = int(term["exitCode"]) if term and term.get("exitCode") is not None else None
+    disruption = _disruption(status)
+    # Deleted by someone (kubectl delete, a controller): its container's SIGTERM exit is not
+    # its own failure.
+    deleting = bool(meta.get("deletionTimestamp"))
+    reason: str | None = None
+    if disruption is not None and (phase.terminal or gone):
+        phase, reason = PodPhase.FAILED, disruption.value
+    elif deleting and phase is PodPhase.FAILED:
+        reason = PodReason.DELETED.value
+    elif phase.terminal:
+        raw = str(term.get("reason")) if term else ""
+        if phase is PodPhase.SUCCEEDED:
+            reason = PodReason.COMPLETED.value
+        elif raw == "OOMKilled":
+            reason = PodReason.OOM_KILLED.value
+        elif raw in _START_ERRORS:
+            reason = PodReason.START_ERROR.value
+        else:
+            reason = PodReason.ERROR.value
+    if gone and not phase.terminal:
+        phase, reason = PodPhase.FAILED, (disruption or PodReason.DELETED).value
+    if deleted_by_us:
+        phase, reason = PodPhase.FAILED, PodReason.DELETED.value
+    return PodStatus(
+        name=str(meta.get("name", "")),
+        role=role,
+        index=index,
+        phase=phase,
+        exit_code=exit_code if phase.terminal else None,
+        reason=reason if phase.terminal else None,
+        started_at=started,
+        finished_at=finished if phase.terminal else None,
+    )
+
+
+# -- quantities ----------------------------------------------------------------------------
+
+_SUFFIX = {
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal(10**3),
+    "M": Decimal(10**6),
+    "G": Decimal(10**9),
+    "T": Decimal(10**12),
+    "P": Decimal(10**15),
+    "E": Decimal(10**18),
+    "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30),
+    "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
+}
+_QUANTITY = re.compile(r"([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)")
+
+
+def parse_quantity(text: str) -> Decimal:
+    """A Kubernetes quantity as a number (``250m`` -> 0.25, ``2Gi`` -> 2147483648)."""
+    match = _QUANTITY.fullmatch(str(text).strip())
+    if match is None:
+        raise UserInputError(f"{text!r} is not a Kubernetes quantity")
+    try:
+        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+    except InvalidOperation:
+        raise UserInputError(f"{text!r} is not a Kubernetes quantity") from None
+
+
+def parse_cpu(text: str) -> float:
+    """Cores."""
+    return float(parse_quantity(text))
+
+
+def parse_memory(text: str) -> float:
+    """MiB."""
+    return float(parse_quantity(text) / (1 << 20))

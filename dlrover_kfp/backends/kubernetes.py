@@ -1,0 +1,622 @@
+"""A :class:`~dlrover_kfp.backends.api.ClusterBackend` whose pods are Kubernetes pods.
+
+The only module of the project that imports ``kubernetes`` (the official client, pinned
+``kubernetes==30.1.0`` as every kfp 2.x requires). What it does, and why:
+
+* **Pods** are rendered by :mod:`.k8s_objects` (requests = limits, ``restartPolicy: Never``,
+  labels ``job``/``run``/``role``/``index``, the flash-checkpoint buffer in an in-memory
+  ``emptyDir`` on ``/dev/shm``, the run's volume where the master writes too). A relaunch under
+  the same name deletes the old, finished object first, as the local backend replaces its
+  record.
+* **Secrets**: the job's env values (the per-job RPC secret among them) go into one Secret per
+  run; pods reference keys of it, so no value is in a pod spec, a log line or an error.
+* **Status from a watch**, not polling: a background thread lists the run's pods and watches
+  from the list's ``resourceVersion``; a watch that expires (410 Gone) relists and resumes.
+  Each event's raw object becomes a :class:`PodStatus` (:func:`.k8s_objects.pod_status`).
+* **Retries in one place** (:meth:`KubernetesBackend._call`): 429 (after its ``Retry-After``),
+  5xx and dropped connections are retried with exponential backoff up to a deadline, each
+  retry logged; 4xx other than 429 are raised at once with the API's own message
+  (:class:`KubernetesApiError`, permanent). The client's own urllib3 retries are switched off
+  so that nothing retries twice.
+* **Usage** from ``metrics.k8s.io`` when the cluster serves it (metrics-server); without it
+  :meth:`usage` reports nothing and says so once.
+* **Owner**: when the master runs in a pod (``POD_NAME``/``POD_UID`` from the downward API),
+  its pods and Secret name it as owner, so that deleting the master deletes its job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import urllib3
+from kubernetes import client as k8s  # type: ignore[import-untyped]
+from kubernetes import config as k8s_config
+from kubernetes import watch as k8s_watch
+from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]
+
+from dlrover_kfp.backends.api import (
+    BackendClosedError,
+    BackendError,
+    PodExistsError,
+    PodPhase,
+    PodSpec,
+    PodStatus,
+    PodUsage,
+)
+from dlrover_kfp.backends.k8s_objects import (
+    KubernetesSettings,
+    job_labels,
+    parse_cpu,
+    parse_memory,
+    pod_status,
+    render_pod,
+    render_secret,
+    secret_keys,
+    secret_name,
+    selector,
+)
+from dlrover_kfp.errors import PermanentError, TransientError, UserInputError
+
+log = logging.getLogger("dlrover_kfp.kubernetes")
+
+T = TypeVar("T")
+
+#: HTTP statuses worth another try: throttled, or the API server (or what is in front of it)
+#: failing for the moment.
+_RETRYABLE = frozenset({429, 500, 502, 503, 504})
+
+
+class KubernetesApiError(BackendError, PermanentError):
+    """The API refused a call for good (403 Forbidden, 422 Invalid, ...): the message is the
+    API server's own, with the call that failed."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class KubernetesUnavailableError(BackendError, TransientError):
+    """The API kept failing (5xx, 429, connection errors) past the retry deadline."""
+
+
+def load_client(kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
+    """An API client: in-cluster (a service account's token) when the master runs in a pod
+    and no kubeconfig is named, else from the kubeconfig (``KUBECONFIG`` or ~/.kube/config)."""
+    configuration = k8s.Configuration()
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            k8s_config.load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
+    except (k8s_config.ConfigException, OSError) as exc:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise UserInputError(
+            f"kubernetes: cannot load the configuration ({where}): {exc}"
+        ) from None
+    # One place retries (KubernetesBackend._call); urllib3 retrying underneath would multiply.
+    configuration.retries = False
+    return k8s.ApiClient(configuration)
+
+
+def _api_message(exc: ApiException) -> str:
+    """The API server's own message from a Status body, else the HTTP reason."""
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except (TypeError, ValueError):
+        body = {}
+    if isinstance(body, dict) and body.get("message"):
+        reason = body.get("reason") or exc.reason
+        return f"{exc.status} {reason}: {body['message']}"
+    return f"{exc.status} {exc.reason}"
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    headers = exc.headers or {}
+    value = headers.get("Retry-After") or headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    urllib3.exceptions.HTTPError,
+    ConnectionError,
+    TimeoutError,
+)
+
+
+_WATCH_ERRORS: tuple[type[BaseException], ...] = (*_CONNECTION_ERRORS, ValueError)
+
+
+class KubernetesBackend:
+    """One run's pods in one namespace. Build with an API client (:func:`load_client`), use
+    as a context manager. Thread-safe, like every :class:`ClusterBackend`."""
+
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        settings: KubernetesSettings,
+        *,
+        job: str,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings
+        self.namespace = settings.namespace
+        self._api = api
+        self._core = k8s.CoreV1Api(api)
+        self._custom = k8s.CustomObjectsApi(api)
+        # Pod names are per job (``JOB-ROLE-INDEX``), so a namespace runs one run of a job at
+        # a time and the job's label scopes the watch; a restarted master finds its pods.
+        self._labels = job_labels(job)
+        self._selector = selector(self._labels)
+        self._secret = secret_name(job)
+        self._sleep = sleep
+        self._lock = threading.Condition()
+        self._order: list[str] = []
+        #: the last status of every pod launched here, by name (the watch keeps it current)
+        self._status: dict[str, PodStatus] = {}
+        #: the resources each pod was launched with
+        self._specs: dict[str, PodSpec] = {}
+        #: pods deleted by :meth:`delete` while they ran: they end FAILED/Deleted
+        self._deleted: set[str] = set()
+        #: uid of the object last seen for each name, and the uids of replaced objects (a
+        #: relaunch's predecessor), whose late events must not touch the new pod's record
+        self._uids: dict[str, str] = {}
+        self._stale: set[str] = set()
+        #: the Secret's data (key -> value) and which (env name, value) each key holds
+        self._secret_data: dict[str, str] = {}
+        self._keys: dict[tuple[str, str], str] = {}
+        self._secret_created = False
+        self._closed = False
+        self._stop = threading.Event()
+        self._metrics_missing_logged = False
+        self._watcher = threading.Thread(target=self._watch, name="k8s-pod-watch", daemon=True)
+        self._watcher.start()
+
+    # -- the port ------------------------------------------------------------------------------
+
+    @property
+    def cpu_enforced(self) -> bool:
+        return True
+
+    @property
+    def enforcement(self) -> str:
+        return (
+            f"kubernetes (namespace {self.namespace}): requests = limits; the kubelet enforces "
+            "CPU (CFS quota) and memory (OOM kill)"
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def launch(self, pod: PodSpec) -> None:
+        with self._lock:
+            if self._closed:
+                raise BackendClosedError("the Kubernetes backend is closed")
+            current = self._status.get(pod.name)
+            if current is not None and not current.phase.terminal:
+                raise PodExistsError(f"pod {pod.name} is still {current.phase.value}")
+        if current is not None:
+            # A finished pod's object stays until deleted; the new one needs its name.
+            self._remove_object(pod.name)
+        keys = self._ensure_secret(pod.env)
+        body = render_pod(
+            pod,
+            namespace=self.namespace,
+            image=self.settings.image,
+            labels=self._labels,
+            secret_name=self._secret,
+            secret_keys=keys,
+            owner=self.settings.owner,
+            volume=self.settings.volume,
+            image_pull_policy=self.settings.image_pull_policy,
+        )
+        with self._lock:
+            self._specs[pod.name] = pod
+            self._deleted.discard(pod.name)
+            if pod.name in self._uids:
+                self._stale.add(self._uids.pop(pod.name))
+            if pod.name in self._order:
+                self._order.remove(pod.name)
+            self._order.append(pod.name)
+            self._status[pod.name] = PodStatus(
+                name=pod.name, role=pod.role, index=pod.index, phase=PodPhase.PENDING
+            )
+        try:
+            created = self._call(
+                f"create pod {pod.name}",
+                self._core.create_namespaced_pod,
+                self.namespace,
+                body,
+                ok_conflict=True,
+            )
+            if created is None:
+                # An object of that name from an earlier master of this job (killed, its pods
+                # stopped or stopping): it is replaced, as a relaunch replaces a finished pod.
+                log.warning("kubernetes: pod %s exists from an earlier run: replacing it", pod.name)
+                self._remove_object(pod.name)
+                self._call(
+                    f"create pod {pod.name}",
+                    self._core.create_namespaced_pod,
+                    self.namespace,
+                    body,
+                )
+        except BaseException:
+            with self._lock:
+                self._order.remove(pod.name)
+                del self._status[pod.name]
+                del self._specs[pod.name]
+            raise
+        log.info(
+            "kubernetes: created pod %s (%s %d, cpu %g, memory %d MiB)",
+            pod.name,
+            pod.role,
+            pod.index,
+            pod.cpu,
+            pod.memory_mb,
+        )
+
+    def delete(self, name: str, grace_s: float = 5.0) -> None:
+        with self._lock:
+            current = self._status.get(name)
+            if current is None or current.phase.terminal:
+                return
+            self._deleted.add(name)
+        self._call(
+            f"delete pod {name}",
+            self._core.delete_namespaced_pod,
+            name,
+            self.namespace,
+            grace_period_seconds=max(0, round(grace_s)),
+            ok_missing=True,
+        )
+        deadline = time.monotonic() + grace_s + self.settings.delete_slack_s
+        with self._lock:
+            while not self._status[name].phase.terminal:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    waited = grace_s + self.settings.delete_slack_s
+                    raise KubernetesUnavailableError(
+                        f"pod {name} did not stop within {waited:g}s of its deletion"
+                    )
+                self._lock.wait(min(left, 1.0))
+
+    def statuses(self) -> list[PodStatus]:
+        with self._lock:
+            return [self._status[name] for name in self._order]
+
+    def usage(self) -> list[PodUsage]:
+        with self._lock:
+            running = {
+                name: self._specs[name]
+                for name in self._order
+                if self._status[name].phase is PodPhase.RUNNING
+            }
+        if not running:
+            return []
+        try:
+            listed = self._call(
+                "list pod metrics",
+                self._custom.list_namespaced_custom_object,
+                "metrics.k8s.io",
+                "v1beta1",
+                self.namespace,
+                "pods",
+                label_selector=self._selector,
+            )
+        except KubernetesApiError as exc:
+            if exc.status not in (403, 404, 503):
+                raise
+            if not self._metrics_missing_logged:
+                self._metrics_missing_logged = True
+                log.warning(
+                    "kubernetes: no pod metrics (%s): the profile will have no CPU and memory "
+                    "use per pod; install metrics-server for them",
+                    exc,
+                )
+            return []
+        out = []
+        for item in listed.get("items", []):
+            name = item.get("metadata", {}).get("name")
+            spec = running.get(name)
+            if spec is None:
+                continue
+            containers = item.get("containers") or []
+            cpu = sum(parse_cpu(c.get("usage", {}).get("cpu", "0")) for c in containers)
+            mem = sum(parse_memory(c.get("usage", {}).get("memory", "0")) for c in containers)
+            out.append(
+                PodUsage(
+                    name=name,
+                    role=spec.role,
+                    index=spec.index,
+                    cpu_cores=cpu,
+                    memory_mb=mem,
+                    cpu_requested=spec.cpu,
+                    memory_requested_mb=spec.memory_mb,
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        """Deletes the run's pods (running ones with a short grace) and its Secret, then stops
+        the watch. Statuses stay readable."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            names = list(self._order)
+        errors: list[BaseException] = []
+        for name in names:
+            try:
+                self.delete(name, grace_s=2.0)
+                self._remove_object(name, wait=False)
+            except BackendError as exc:
+                errors.append(exc)
+        if self._secret_created:
+            try:
+                self._call(
+                    f"delete secret {self._secret}",
+                    self._core.delete_namespaced_secret,
+                    self._secret,
+                    self.namespace,
+                    ok_missing=True,
+                )
+            except BackendError as exc:
+                errors.append(exc)
+        self._stop.set()
+        self._watcher.join(timeout=5.0)
+        if errors:
+            log.warning("kubernetes: close left %d object(s) behind: %s", len(errors), errors[0])
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    def _call(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        *args: Any,
+        ok_missing: bool = False,
+        ok_conflict: bool = False,
+        **kwargs: Any,
+    ) -> T | Any:
+        """``fn(*args, **kwargs)`` with the retry policy; the one place that retries.
+
+        ``ok_missing``: a 404 is success (None); ``ok_conflict``: a 409 is success (None).
+        """
+        policy = self.settings.retry
+        started = time.monotonic()
+        wait = policy.initial_s
+        attempt = 0
+        timeout = self.settings.request_timeout_s
+        while True:
+            attempt += 1
+            try:
+                return fn(*args, _request_timeout=timeout, **kwargs)
+            except ApiException as exc:
+                if exc.status == 404 and ok_missing:
+                    return None
+                if exc.status == 409 and ok_conflict:
+                    return None
+                if exc.status not in _RETRYABLE:
+                    raise KubernetesApiError(
+                        f"kubernetes: {what} in namespace {self.namespace}: {_api_message(exc)}",
+                        exc.status or 0,
+                    ) from None
+                delay = _retry_after(exc) if exc.status == 429 else None
+                problem = _api_message(exc)
+            except _CONNECTION_ERRORS as exc:
+                delay = None
+                problem = f"{type(exc).__name__}: {exc}"
+            delay = min(policy.max_s, wait) if delay is None else delay
+            if time.monotonic() - started + delay > policy.deadline_s:
+                raise KubernetesUnavailableError(
+                    f"kubernetes: {what}: still failing after {attempt} attempts in "
+                    f"{time.monotonic() - started:.0f}s ({problem})"
+                )
+            log.warning("kubernetes: %s: %s; retry %d in %.1fs", what, problem, attempt, delay)
+            self._sleep(delay)
+            wait = min(policy.max_s, wait * 2)
+
+    def _ensure_secret(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The Secret keys of ``env``'s values, writing the Secret (or new keys) as needed."""
+        with self._lock:
+            known = dict(self._keys)
+            keys, new = secret_keys(env, known)
+            if not new:
+                return keys
+            data = {**self._secret_data, **new}
+        body = render_secret(self._secret, self.namespace, data, self._labels, self.settings.owner)
+        created = None
+        if not self._secret_created:
+            created = self._call(
+                f"create secret {self._secret}",
+                self._core.create_namespaced_secret,
+                self.namespace,
+                body,
+                ok_conflict=True,
+            )
+        if created is None:  # written before by this backend, or left by an earlier master
+            self._call(
+                f"update secret {self._secret}",
+                self._core.replace_namespaced_secret,
+                self._secret,
+                self.namespace,
+                body,
+            )
+        with self._lock:
+            self._keys = known
+            self._secret_data = data
+            self._secret_created = True
+        return keys
+
+    def _remove_object(self, name: str, *, wait: bool = True) -> None:
+        """Delete a pod object at once (grace 0) and, with ``wait``, until it is gone, so that
+        its name is free for a relaunch."""
+        self._call(
+            f"remove pod {name}",
+            self._core.delete_namespaced_pod,
+            name,
+            self.namespace,
+            grace_period_seconds=0,
+            ok_missing=True,
+        )
+        if not wait:
+            return
+        deadline = time.monotonic() + self.settings.delete_slack_s
+        while True:
+            found = self._call(
+                f"get pod {name}",
+                self._core.read_namespaced_pod,
+                name,
+                self.namespace,
+                ok_missing=True,
+                _preload_content=False,
+            )
+            if found is None:
+                return
+            if time.monotonic() > deadline:
+                raise KubernetesUnavailableError(f"pod {name} was not removed in time")
+            self._sleep(0.1)
+
+    # -- the watch -----------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """List, then watch from the list's resourceVersion; relist on 410 Gone."""
+        version: str | None = None
+        backoff = self.settings.retry.initial_s
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    version = self._relist()
+                stream = k8s_watch.Watch()
+                for event in stream.stream(
+                    self._core.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=self._selector,
+                    resource_version=version,
+                    timeout_seconds=self.settings.watch_timeout_s,
+                    allow_watch_bookmarks=True,
+                    _request_timeout=(
+                        self.settings.request_timeout_s,
+                        self.settings.watch_timeout_s + 15,
+                    ),
+                ):
+                    if self._stop.is_set():
+                        stream.stop()
+                        break
+                    obj = event["raw_object"]
+                    version = obj.get("metadata", {}).get("resourceVersion") or version
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        self._seen(obj)
+                    elif event["type"] == "DELETED":
+                        self._seen(obj, gone=True)
+                backoff = self.settings.retry.initial_s
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.warning("kubernetes: pod watch expired (410 Gone): relisting")
+                    version = None
+                    continue
+                log.warning(
+                    "kubernetes: pod watch failed (%s); again in %.1fs", _api_message(exc), backoff
+                )
+                self._stop.wait(backoff)
+                backoff = min(self.settings.retry.max_s, backoff * 2)
+            except _WATCH_ERRORS as exc:
+                if self._stop.is_set():
+                    break
+                log.warning("kubernetes: pod watch dropped (%s); again in %.1fs", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(self.settings.retry.max_s, backoff * 2)
+            except KubernetesUnavailableError as exc:
+                log.warning("kubernetes: %s", exc)
+            except Exception:  # the watch must outlive any surprise; the job master relies on it
+                log.exception("kubernetes: pod watch error; relisting")
+                version = None
+                self._stop.wait(backoff)
+
+    def _relist(self) -> str:
+        """Replace the cache with a fresh list; pods of ours missing from it were deleted."""
+        response = self._call(
+            "list pods",
+            self._core.list_namespaced_pod,
+            self.namespace,
+            label_selector=self._selector,
+            _preload_content=False,
+        )
+        listed = json.loads(response.data)
+        present = set()
+        for obj in listed.get("items", []):
+            present.add(obj["metadata"]["name"])
+            self._seen(obj)
+        with self._lock:
+            for name in self._order:
+                st = self._status[name]
+                if name not in present and not st.phase.terminal and name in self._uids:
+                    self._status[name] = PodStatus(
+                        name=name,
+                        role=st.role,
+                        index=st.index,
+                        phase=PodPhase.FAILED,
+                        reason="Deleted",
+                        started_at=st.started_at,
+                        finished_at=time.time(),
+                    )
+            self._lock.notify_all()
+        return str(listed.get("metadata", {}).get("resourceVersion", ""))
+
+    def _seen(self, obj: Mapping[str, Any], *, gone: bool = False) -> None:
+        name = obj.get("metadata", {}).get("name")
+        with self._lock:
+            if name not in self._status:
+                return  # not launched by this backend (or an older object of that name)
+            uid = str(obj.get("metadata", {}).get("uid", ""))
+            if uid in self._stale:
+                return
+            self._uids[name] = uid
+            known = self._status[name]
+            if known.phase.terminal and gone:
+                return  # the end was already recorded; removal changes nothing
+            new = pod_status(obj, gone=gone, deleted_by_us=name in self._deleted and gone)
+            if name in self._deleted and new.phase.terminal:
+                new = pod_status(obj, gone=True, deleted_by_us=True)
+            if new.finished_at is None and new.phase.terminal:
+                new = PodStatus(
+                    name=new.name,
+                    role=new.role,
+                    index=new.index,
+                    phase=new.phase,
+                    exit_code=new.exit_code,
+                    reason=new.reason,
+                    started_at=new.started_at,
+                    finished_at=time.time(),
+                )
+            if known.phase.terminal and not new.phase.terminal:
+                return  # phases only go forward; an older object's late event
+            self._status[name] = new
+            self._lock.notify_all()
+
+
+__all__ = [
+    "KubernetesApiError",
+    "KubernetesBackend",
+    "KubernetesUnavailableError",
+    "load_client",
+]
