@@ -26,8 +26,10 @@ The only module of the project that imports ``kubernetes`` (the official client,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -179,9 +181,16 @@ class KubernetesBackend:
         self._secret_created = False
         self._closed = False
         self._stop = threading.Event()
+        self._response: Any = None  # the watch's open HTTP response
         self._metrics_missing_logged = False
+        #: when each pod's create call returned (monotonic): a relist sent later that lacks it
+        #: proves it was deleted in between
+        self._created_at: dict[str, float] = {}
+        self._synced = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="k8s-pod-watch", daemon=True)
         self._watcher.start()
+        # Launches come after the first list, so that the watch sees every pod from its start.
+        self._synced.wait(timeout=settings.request_timeout_s)
 
     # -- the port ------------------------------------------------------------------------------
 
@@ -232,6 +241,7 @@ class KubernetesBackend:
         with self._lock:
             self._specs[pod.name] = pod
             self._deleted.discard(pod.name)
+            self._created_at.pop(pod.name, None)
             if pod.name in self._uids:
                 self._stale.add(self._uids.pop(pod.name))
             if pod.name in self._order:
@@ -259,6 +269,8 @@ class KubernetesBackend:
                     self.namespace,
                     body,
                 )
+            with self._lock:
+                self._created_at[pod.name] = time.monotonic()
         except BaseException:
             with self._lock:
                 self._order.remove(pod.name)
@@ -285,12 +297,15 @@ class KubernetesBackend:
             self._core.delete_namespaced_pod,
             name,
             self.namespace,
-            grace_period_seconds=max(0, round(grace_s)),
+            # whole seconds, as the API takes them; rounded up so that a pod gets its grace
+            grace_period_seconds=max(0, math.ceil(grace_s)),
             ok_missing=True,
         )
         deadline = time.monotonic() + grace_s + self.settings.delete_slack_s
-        with self._lock:
-            while not self._status[name].phase.terminal:
+        while True:
+            with self._lock:
+                if self._status[name].phase.terminal:
+                    return
                 left = deadline - time.monotonic()
                 if left <= 0:
                     waited = grace_s + self.settings.delete_slack_s
@@ -298,6 +313,21 @@ class KubernetesBackend:
                         f"pod {name} did not stop within {waited:g}s of its deletion"
                     )
                 self._lock.wait(min(left, 1.0))
+                if self._status[name].phase.terminal:
+                    return
+            # The watch may have missed it (created and deleted between two lists): ask.
+            if (
+                self._call(
+                    f"get pod {name}",
+                    self._core.read_namespaced_pod,
+                    name,
+                    self.namespace,
+                    ok_missing=True,
+                    _preload_content=False,
+                )
+                is None
+            ):
+                self._mark_gone(name)
 
     def statuses(self) -> list[PodStatus]:
         with self._lock:
@@ -382,6 +412,11 @@ class KubernetesBackend:
             except BackendError as exc:
                 errors.append(exc)
         self._stop.set()
+        with self._lock:
+            response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):  # ends the blocked read; any error is moot
+                response.shutdown()
         self._watcher.join(timeout=5.0)
         if errors:
             log.warning("kubernetes: close left %d object(s) behind: %s", len(errors), errors[0])
@@ -506,36 +541,19 @@ class KubernetesBackend:
             try:
                 if version is None:
                     version = self._relist()
-                stream = k8s_watch.Watch()
-                for event in stream.stream(
-                    self._core.list_namespaced_pod,
-                    self.namespace,
-                    label_selector=self._selector,
-                    resource_version=version,
-                    timeout_seconds=self.settings.watch_timeout_s,
-                    allow_watch_bookmarks=True,
-                    _request_timeout=(
-                        self.settings.request_timeout_s,
-                        self.settings.watch_timeout_s + 15,
-                    ),
-                ):
-                    if self._stop.is_set():
-                        stream.stop()
-                        break
-                    obj = event["raw_object"]
-                    version = obj.get("metadata", {}).get("resourceVersion") or version
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        self._seen(obj)
-                    elif event["type"] == "DELETED":
-                        self._seen(obj, gone=True)
+                version = self._watch_once(version)
                 backoff = self.settings.retry.initial_s
             except ApiException as exc:
+                if self._stop.is_set():
+                    break
                 if exc.status == 410:
                     log.warning("kubernetes: pod watch expired (410 Gone): relisting")
                     version = None
                     continue
                 log.warning(
-                    "kubernetes: pod watch failed (%s); again in %.1fs", _api_message(exc), backoff
+                    "kubernetes: pod watch failed (%s); again in %.1fs",
+                    _api_message(exc),
+                    backoff,
                 )
                 self._stop.wait(backoff)
                 backoff = min(self.settings.retry.max_s, backoff * 2)
@@ -548,12 +566,68 @@ class KubernetesBackend:
             except KubernetesUnavailableError as exc:
                 log.warning("kubernetes: %s", exc)
             except Exception:  # the watch must outlive any surprise; the job master relies on it
+                if self._stop.is_set():
+                    break
                 log.exception("kubernetes: pod watch error; relisting")
                 version = None
                 self._stop.wait(backoff)
 
+    def _watch_once(self, version: str) -> str:
+        """One watch request, read to its end (the server ends it after ``watch_timeout_s``);
+        returns the resourceVersion to go on from. The raw response is kept so that
+        :meth:`close` can end a read that would otherwise block until the next event."""
+        response = self._core.list_namespaced_pod(
+            self.namespace,
+            label_selector=self._selector,
+            resource_version=version,
+            watch=True,
+            timeout_seconds=self.settings.watch_timeout_s,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            _request_timeout=(self.settings.request_timeout_s, self.settings.watch_timeout_s + 15),
+        )
+        with self._lock:
+            self._response = response
+        try:
+            for line in k8s_watch.watch.iter_resp_lines(response):
+                if self._stop.is_set():
+                    break
+                event = json.loads(line)
+                obj = event.get("object") or {}
+                kind = event.get("type")
+                if kind == "ERROR":
+                    raise ApiException(status=obj.get("code"), reason=obj.get("message"))
+                version = obj.get("metadata", {}).get("resourceVersion") or version
+                if kind in ("ADDED", "MODIFIED"):
+                    self._seen(obj)
+                elif kind == "DELETED":
+                    self._seen(obj, gone=True)
+        finally:
+            with self._lock:
+                self._response = None
+            response.release_conn()
+        return version
+
+    def _mark_gone(self, name: str) -> None:
+        """A pod of ours whose object is gone without the watch having shown its end."""
+        with self._lock:
+            st = self._status[name]
+            if st.phase.terminal:
+                return
+            self._status[name] = PodStatus(
+                name=name,
+                role=st.role,
+                index=st.index,
+                phase=PodPhase.FAILED,
+                reason="Deleted",
+                started_at=st.started_at,
+                finished_at=time.time(),
+            )
+            self._lock.notify_all()
+
     def _relist(self) -> str:
         """Replace the cache with a fresh list; pods of ours missing from it were deleted."""
+        sent = time.monotonic()
         response = self._call(
             "list pods",
             self._core.list_namespaced_pod,
@@ -567,19 +641,14 @@ class KubernetesBackend:
             present.add(obj["metadata"]["name"])
             self._seen(obj)
         with self._lock:
-            for name in self._order:
-                st = self._status[name]
-                if name not in present and not st.phase.terminal and name in self._uids:
-                    self._status[name] = PodStatus(
-                        name=name,
-                        role=st.role,
-                        index=st.index,
-                        phase=PodPhase.FAILED,
-                        reason="Deleted",
-                        started_at=st.started_at,
-                        finished_at=time.time(),
-                    )
-            self._lock.notify_all()
+            missing = [
+                name
+                for name in self._order
+                if name not in present and self._created_at.get(name, math.inf) < sent
+            ]
+        for name in missing:
+            self._mark_gone(name)
+        self._synced.set()
         return str(listed.get("metadata", {}).get("resourceVersion", ""))
 
     def _seen(self, obj: Mapping[str, Any], *, gone: bool = False) -> None:

@@ -211,6 +211,8 @@ class StaticRun:
     ) -> None:
         self.spec = spec
         self.backend = backend
+        # Absolute: paths in it go to pods, whose working directory is not this one's.
+        output_dir = output_dir.absolute()
         self.output_dir = output_dir
         self.base_dir = base_dir
         self.settings = settings or RunSettings()

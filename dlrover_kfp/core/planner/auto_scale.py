@@ -42,7 +42,12 @@ from dlrover_kfp.core.observation import Config, Observation
 from dlrover_kfp.core.perf_model import PRIOR, PerfModel, fit
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner.context import PlanningContext, clamp_memory
-from dlrover_kfp.core.planner.search import CpuBounds, MemoryNeeds, search
+from dlrover_kfp.core.planner.search import (
+    CpuBounds,
+    InfeasiblePlanError,
+    MemoryNeeds,
+    search,
+)
 from dlrover_kfp.core.planner.settings import AutoScaleSettings, PlannerSettings
 from dlrover_kfp.core.profile import RuntimeSample
 from dlrover_kfp.core.usage import (
@@ -234,18 +239,22 @@ def auto_scale(
     )
     memory, right_sized = memory_needs(ctx, current, samples, s)
     upper, cpu_limit = trust_region(cur, max(o.config.total_cpu for o in observations), s)
-    target = search(
-        model,
-        ctx,
-        memory,
-        bounds,
-        s.throughput_floor,
-        include=(cur,),
-        objective=s.objective,
-        cpu_limit=cpu_limit,
-        upper=upper,
-        exclude=abandoned_configs(samples) - {cur},
-    ).target
+    try:
+        target = search(
+            model,
+            ctx,
+            memory,
+            bounds,
+            s.throughput_floor,
+            include=(cur,),
+            objective=s.objective,
+            cpu_limit=cpu_limit,
+            upper=upper,
+            exclude=abandoned_configs(samples) - {cur},
+        ).target
+    except InfeasiblePlanError as exc:
+        # The pods' memory (grown by Stage 3) leaves no other shape in the quota: keep this one.
+        return AutoScaleDecision(None, f"stable: {exc}", model)
 
     def predict(c: Config) -> float:
         lw = c.worker_cpu if worker_cap is None else min(c.worker_cpu, worker_cap)

@@ -7,8 +7,9 @@ runtime applies them. Rules, in the order they are checked (a pod gets at most o
   (at most +``oom_max_step_mb``). A PS OOM while PS memory is balanced adds PS instead: the
   rows re-partition, so every PS holds fewer (DLRover's rule).
 - OOM prevention: a least-squares line through a pod's last ``oom_trend_samples`` memory
-  readings reaches ``oom_threshold`` of its limit within ``oom_horizon_s`` -> relaunch it
-  with the predicted need x ``oom_prevention_headroom`` before it dies.
+  readings (a worker's: while it trained, its first two left out as start-up) reaches
+  ``oom_threshold`` of its limit within ``oom_horizon_s`` -> relaunch it with the predicted
+  need x ``oom_prevention_headroom`` before it dies.
 - Hot PS: CPU used / requested > ``hot_ps_utilization`` for ``hot_ps_samples`` samples in a
   row -> migrate it to a pod with ``hot_ps_cpu_growth`` x the CPU, without stopping training.
 - Slow worker: its throughput below ``straggler_ratio`` x its peers' median for
@@ -105,7 +106,12 @@ def oom_predictions(
     ctx: PlanningContext,
 ) -> list[NodeAction]:
     actions = []
-    for name, points in series.items():
+    for name, readings in series.items():
+        points = readings
+        if points and points[-1][1].role == "worker":
+            # A worker's start-up (loading, its first batches) grows its memory fast and then
+            # stops: only readings while it trained, after its first two, say where it heads.
+            points = [(t, n) for t, n in readings if n.throughput][2:]
         recent = points[-s.oom_trend_samples :]
         if len(recent) < s.oom_trend_samples:
             continue

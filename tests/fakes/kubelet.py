@@ -1,0 +1,1263 @@
+"""A fake kubelet (and scheduler) that runs a :class:`~tests.fakes.kube_apiserver.FakeApiServer`'s
+pods as local processes, for tests.
+
+Like a real kubelet it talks to the API server over HTTP only (its requests carry the header
+``X-Fake-Kubelet``, which exempts them from the server's injected faults and authorization and
+marks them ``from_kubelet`` in its audit log): it lists and watches pods (relisting after a 410),
+binds unscheduled pods to its node (``pods/NAME/binding``), resolves the first container's
+command and environment (``value``, ``secretKeyRef``, ``configMapKeyRef``, ``fieldRef``,
+``resourceFieldRef``, ``envFrom``, ``$(VAR)`` expansion), runs it through
+:class:`dlrover_kfp.backends.LocalBackend` (which enforces the CPU limit with cgroups where it can
+and the memory limit, OOMKilled with 137), and writes the pod's status through ``pods/NAME/status``
+as a kubelet does (phase, IPs, conditions, ``containerStatuses`` with running/terminated states,
+restarts). A pod marked for deletion is stopped with its grace period, its terminated state
+written, and then removed with a grace-0 DELETE. Usage goes to the server's metrics API every
+``metrics_interval_s``; logs to ``pods/NAME/log``. It emits the usual events (Scheduled, Pulled,
+Created, Started, Killing, BackOff, Evicted...).
+
+Choices where a local process cannot be a container:
+
+* the image is not pulled or used; ``command`` + ``args`` must name something runnable here, and
+  ``argv[0]`` is looked up in ``executables`` first (by default ``python`` and ``python3`` map to
+  this interpreter, the one with the project installed);
+* the ``role`` and ``index`` labels become the local backend's role and index; a pod without a
+  ``worker``/``ps`` role label runs as role ``worker`` (a real kubelet runs any pod), index 0
+  when the label is missing or not an integer;
+* a container without a CPU or memory limit runs with its request, else the node's capacity;
+* the process inherits this process's environment (the local backend does that), and runs in
+  this process's working directory; ``workingDir``, volumes, probes and init containers are
+  ignored; only the first container runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import http.client
+import json
+import math
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, Self
+from urllib.parse import urlencode
+
+from dlrover_kfp.backends import LocalBackend, PodSpec, PodStatus
+from dlrover_kfp.backends.api import RESERVED_ENV
+from dlrover_kfp.core.profile import Role
+from tests.fakes.kube_apiserver import (
+    DEFAULT_NODE,
+    KUBELET_HEADER,
+    FakeApiServer,
+    Json,
+    parse_quantity,
+    rfc3339,
+)
+
+_MIB = 1024 * 1024
+_KUBELET_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+_VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+
+
+class _ConfigError(Exception):
+    """The container's configuration cannot be built (a missing secret): it waits."""
+
+
+@dataclass(frozen=True, slots=True)
+class StatusWrite:
+    """One status the kubelet wrote: ``at`` is ``time.monotonic()`` just before the request."""
+
+    at: float
+    namespace: str
+    name: str
+    phase: str
+    reason: str | None
+
+
+@dataclass(eq=False)
+class _Pod:
+    """The kubelet's record of one pod (by uid); fields guarded by ``FakeKubelet._lock``."""
+
+    uid: str
+    namespace: str
+    name: str
+    obj: Json
+    local_name: str = ""
+    # pending (not started), waiting (config error), running, backoff (restart due), terminated
+    state: str = "pending"
+    stopping: bool = False  # a deletion, eviction or deadline is stopping it
+    terminating: bool = False  # marked for deletion: being stopped, then removed
+    deleted: bool = False  # removed from the API
+    start_time: str | None = None
+    started_at: str | None = None
+    container_id: str = ""
+    restart_count: int = 0
+    terminated: Json | None = None
+    last_terminated: Json | None = None
+    waiting: Json | None = None
+    pod_reason: str | None = None
+    pod_message: str | None = None
+    failed: bool = False  # a pod-level failure (evicted, deadline) whatever the exit code
+    extra_conditions: list[Json] = field(default_factory=list)
+    restart_at: float = 0.0
+    retry_at: float = 0.0
+    started_mono: float = 0.0
+    unschedulable_reported: bool = False
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def spec(self) -> Json:
+        spec = self.obj.get("spec")
+        return spec if isinstance(spec, dict) else {}
+
+    @property
+    def container(self) -> Json:
+        containers = self.spec.get("containers") or [{}]
+        first = containers[0]
+        return first if isinstance(first, dict) else {}
+
+
+class _Client:
+    """A minimal JSON client with a keep-alive connection per thread."""
+
+    def __init__(self, api: FakeApiServer, node_name: str) -> None:
+        self._api = api
+        self._node = node_name
+        self._local = threading.local()
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        headers = {
+            "User-Agent": f"kubelet/v1.32.0 (linux/amd64) fake-kubelet/{self._node}",
+            "Accept": "application/json",
+            KUBELET_HEADER: self._node,
+        }
+        if self._api.token:
+            headers["Authorization"] = f"Bearer {self._api.token}"
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPConnection("127.0.0.1", self._api.port, timeout=30)
+            self._local.conn = conn
+        return conn
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> tuple[int, Any]:
+        if query:
+            path += "?" + urlencode(query)
+        data = json.dumps(body).encode() if body is not None else None
+        for attempt in range(3):
+            conn = self._connection()
+            try:
+                conn.request(method, path, body=data, headers=self._headers(content_type))
+                resp = conn.getresponse()
+                raw = resp.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self._local.conn = None
+                if attempt == 2 or self._api.closed:
+                    raise
+                time.sleep(0.05)
+                continue
+            ctype = resp.getheader("Content-Type") or ""
+            if raw and ctype.startswith("application/json"):
+                return resp.status, json.loads(raw)
+            return resp.status, raw.decode(errors="replace")
+        raise AssertionError("unreachable")
+
+    def stream(
+        self, path: str, query: Mapping[str, Any], on_open: threading.Event | None = None
+    ) -> Iterator[Json]:
+        """A watch: yields events; the caller closes it by closing :attr:`watch_conn`.
+        ``on_open`` is set once the server has answered 200."""
+        conn = http.client.HTTPConnection("127.0.0.1", self._api.port, timeout=None)
+        self.watch_conn = conn
+        try:
+            conn.request("GET", path + "?" + urlencode(query), headers=self._headers())
+            resp = conn.getresponse()
+            if resp.status != 200:
+                body = resp.read()
+                try:
+                    status = json.loads(body)
+                except ValueError:
+                    status = {"code": resp.status, "message": body.decode(errors="replace")}
+                yield {"type": "ERROR", "object": status}
+                return
+            if on_open is not None:
+                on_open.set()
+            while True:
+                line = resp.readline()
+                if not line:
+                    return
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            conn.close()
+
+    watch_conn: http.client.HTTPConnection | None = None
+
+
+class FakeKubelet:
+    """Runs the pods of ``api`` bound to ``node_name`` (binding unscheduled ones to it) as
+    local processes; see the module docstring. Use as a context manager.
+
+    ``namespace``: watch only this namespace (default: all). ``capacity_cpu`` /
+    ``capacity_memory_mb``: when set, a pod whose requests do not fit next to the pods already
+    on the node stays Pending (PodScheduled False, Unschedulable, a FailedScheduling event)
+    until they do. ``restart_backoff_s``: the back-off before restarting a container under
+    ``restartPolicy: Always``/``OnFailure`` (doubling, at most 10x). ``cgroups`` is passed to the
+    local backend.
+    """
+
+    def __init__(
+        self,
+        api: FakeApiServer,
+        *,
+        node_name: str = DEFAULT_NODE,
+        log_dir: Path,
+        namespace: str | None = None,
+        cgroups: Literal["auto", "off"] = "auto",
+        metrics_interval_s: float = 0.5,
+        poll_interval_s: float = 0.05,
+        executables: Mapping[str, str] | None = None,
+        capacity_cpu: float | None = None,
+        capacity_memory_mb: int | None = None,
+        restart_backoff_s: float = 0.5,
+        emit_events: bool = True,
+    ) -> None:
+        self.api = api
+        self.node_name = node_name
+        self.namespace = namespace
+        self.log_dir = Path(log_dir)
+        self.metrics_interval_s = metrics_interval_s
+        self.poll_interval_s = poll_interval_s
+        self.executables = dict(
+            executables
+            if executables is not None
+            else {"python": sys.executable, "python3": sys.executable}
+        )
+        self.capacity_cpu = capacity_cpu
+        self.capacity_memory_mb = capacity_memory_mb
+        self.restart_backoff_s = restart_backoff_s
+        self.emit_events = emit_events
+        #: Every status written, in order (for latency measurements).
+        self.status_writes: list[StatusWrite] = []
+        self.backend = LocalBackend(self.log_dir, cgroups=cgroups)
+        self._client = _Client(api, node_name)
+        self._lock = threading.RLock()
+        self._pods: dict[str, _Pod] = {}  # by uid
+        self._events: list[tuple[str, Json]] = []
+        self._events_ready = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._node_lost = False
+        self._threads: list[threading.Thread] = []
+        self._synced = threading.Event()  # listed and watching
+        self._register_node()
+        api.kubelet_attached = True
+        api.log_provider = self._log_text
+        for target, name in ((self._watch_loop, "watch"), (self._sync_loop, "sync")):
+            thread = threading.Thread(target=target, name=f"fake-kubelet-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self._synced.wait(timeout=10)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the loops and every process (the API objects stay as they are)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        with self._lock:
+            self._events_ready.notify_all()
+        conn = self._client.watch_conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(2)
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self.backend.close(grace_s=1.0)
+        if self.api.log_provider == self._log_text:
+            self.api.log_provider = None
+        self.api.kubelet_attached = False
+
+    # -- public helpers ----------------------------------------------------------------------
+
+    def log_path(self, name: str, namespace: str = "default") -> Path | None:
+        pod = self._find(name, namespace)
+        return self.backend.log_path(pod.local_name) if pod and pod.local_name else None
+
+    def pid_of(self, name: str, namespace: str = "default") -> int | None:
+        pod = self._find(name, namespace)
+        return self.backend.pid_of(pod.local_name) if pod and pod.local_name else None
+
+    def evict(
+        self,
+        name: str,
+        namespace: str = "default",
+        *,
+        reason: str = "Evicted",
+        message: str | None = None,
+        grace_s: float = 0.0,
+        via_api: bool = False,
+    ) -> None:
+        """Evict a pod. By default as the kubelet's eviction manager does (node pressure): a
+        ``DisruptionTarget`` condition (``TerminationByKubelet``), the process stopped (after
+        ``grace_s``), ``status.phase: Failed``, ``status.reason: Evicted`` (``reason``) and
+        ``message``; the object stays. ``via_api``: through the Eviction API instead
+        (``pods/NAME/eviction``): condition ``EvictionByEvictionAPI``, then a graceful delete,
+        after which the kubelet stops the process and the pod is removed."""
+        if via_api:
+            code, body = self._client.request(
+                "POST",
+                f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+                {
+                    "apiVersion": "policy/v1",
+                    "kind": "Eviction",
+                    "metadata": {"name": name, "namespace": namespace},
+                },
+            )
+            if code >= 300:
+                raise RuntimeError(f"eviction of {namespace}/{name} failed: {code} {body}")
+            return
+        pod = self._find(name, namespace)
+        if pod is None:
+            raise KeyError(f"pod {namespace}/{name} is not on node {self.node_name}")
+        message = message or (
+            "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi."
+            f" Container {pod.container.get('name', 'main')} was using more than its request."
+        )
+        with self._lock:
+            pod.stopping = True
+            pod.failed = True
+            pod.pod_reason, pod.pod_message = reason, message
+            pod.extra_conditions = [
+                _condition("DisruptionTarget", "True", "TerminationByKubelet", message)
+            ]
+        self._event(pod, "Warning", "Evicted", message)
+        self._stop_process(pod, grace_s)
+        self._write_status(pod)
+
+    def preempt(self, name: str, namespace: str = "default") -> None:
+        """Preempt a pod as the scheduler does: a ``DisruptionTarget`` condition
+        (``PreemptionByScheduler``), then a graceful delete; the kubelet then stops it and
+        removes it."""
+        pod = self._find(name, namespace)
+        if pod is None:
+            raise KeyError(f"pod {namespace}/{name} is not on node {self.node_name}")
+        message = "default-scheduler: preempting to accommodate a higher priority pod"
+        self._add_condition(pod, "DisruptionTarget", "PreemptionByScheduler", message)
+        self._event(
+            pod,
+            "Normal",
+            "Preempted",
+            "Preempted by pod on node " + self.node_name,
+            component="default-scheduler",
+        )
+        self._client.request("DELETE", self._pod_path(pod), {"kind": "DeleteOptions"})
+
+    def lose_node(self, *, force_delete: bool = True) -> None:
+        """The node stops responding, as the node lifecycle controller then sees it: its
+        ``Ready`` condition goes ``Unknown`` with the unreachable taints, its processes die
+        (the machine is gone: no terminated state is ever written), and each of its pods gets
+        a ``DisruptionTarget`` condition (``DeletionByTaintManager``) and is deleted. Without a
+        kubelet to confirm, a real cluster leaves them Terminating; ``force_delete`` then
+        removes them (as pod GC or ``kubectl delete --force`` would). The toleration period
+        (300 s by default) is not waited for."""
+        with self._lock:
+            self._node_lost = True
+            pods = [p for p in self._pods.values() if not p.deleted]
+        self._set_node_ready(
+            "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.", True
+        )
+        for pod in pods:
+            if pod.local_name:
+                self.backend.delete(pod.local_name, grace_s=0)
+        message = "Taint manager: deleting due to NoExecute taint"
+        for pod in pods:
+            if not pod.spec.get("nodeName"):
+                continue
+            self._add_condition(pod, "DisruptionTarget", "DeletionByTaintManager", message)
+            self._event(
+                pod,
+                "Normal",
+                "TaintManagerEviction",
+                "Marking for deletion Pod " + f"{pod.namespace}/{pod.name}",
+                component="taint-eviction-controller",
+            )
+            self._client.request("DELETE", self._pod_path(pod), {"kind": "DeleteOptions"})
+            if force_delete:
+                self._client.request("DELETE", self._pod_path(pod), {"gracePeriodSeconds": 0})
+
+    def restore_node(self) -> None:
+        """The node is back: Ready, untainted, running pods again."""
+        self._set_node_ready("True", "KubeletReady", "kubelet is posting ready status", False)
+        with self._lock:
+            self._node_lost = False
+
+    # -- node --------------------------------------------------------------------------------
+
+    def _register_node(self) -> None:
+        memory = None if self.capacity_memory_mb is None else self.capacity_memory_mb * _MIB
+        existing = self.api.get_object("nodes", "", self.node_name)
+        if existing is None:
+            self.api.add_node(self.node_name, cpu=self.capacity_cpu, memory_bytes=memory)
+        elif self.capacity_cpu is not None or memory is not None:
+            capacity = dict(existing["status"]["capacity"])
+            if self.capacity_cpu is not None:
+                capacity["cpu"] = f"{int(self.capacity_cpu * 1000)}m"
+            if memory is not None:
+                capacity["memory"] = f"{memory // 1024}Ki"
+            self._client.request(
+                "PATCH",
+                f"/api/v1/nodes/{self.node_name}/status",
+                {"status": {"capacity": capacity, "allocatable": capacity}},
+                content_type="application/merge-patch+json",
+            )
+
+    def _set_node_ready(self, status: str, reason: str, message: str, tainted: bool) -> None:
+        path = f"/api/v1/nodes/{self.node_name}"
+        for _ in range(5):
+            code, node = self._client.request("GET", path)
+            if code != 200:
+                return
+            now = rfc3339()
+            for cond in node["status"].get("conditions") or []:
+                if cond.get("type") == "Ready":
+                    if cond.get("status") != status:
+                        cond["lastTransitionTime"] = now
+                    cond.update(status=status, reason=reason, message=message)
+                    cond["lastHeartbeatTime"] = now
+            code, _ = self._client.request("PUT", path + "/status", node)
+            if code == 200:
+                break
+        taints = (
+            [
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+            ]
+            if tainted
+            else None
+        )
+        self._client.request(
+            "PATCH",
+            path,
+            {"spec": {"taints": taints}},
+            content_type="application/merge-patch+json",
+        )
+
+    # -- watch -------------------------------------------------------------------------------
+
+    def _pods_path(self) -> str:
+        if self.namespace:
+            return f"/api/v1/namespaces/{self.namespace}/pods"
+        return "/api/v1/pods"
+
+    def _watch_loop(self) -> None:
+        rv: str | None = None
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    code, listing = self._client.request("GET", self._pods_path())
+                    if code != 200:
+                        time.sleep(0.1)
+                        continue
+                    rv = listing["metadata"]["resourceVersion"]
+                    self._enqueue("SYNC", {"items": listing.get("items") or []})
+                query = {
+                    "watch": "1",
+                    "resourceVersion": rv,
+                    "allowWatchBookmarks": "true",
+                    "timeoutSeconds": 300,
+                }
+                for event in self._client.stream(self._pods_path(), query, self._synced):
+                    if self._stop.is_set():
+                        return
+                    kind, obj = event.get("type"), event.get("object") or {}
+                    if kind == "ERROR":
+                        rv = None if obj.get("code") == 410 else rv
+                        break
+                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if new_rv:
+                        rv = new_rv
+                    if kind != "BOOKMARK":
+                        self._enqueue(str(kind), obj)
+            except (OSError, http.client.HTTPException, ValueError):
+                if self._stop.is_set() or self.api.closed:
+                    return
+                time.sleep(0.05)
+
+    def _enqueue(self, kind: str, obj: Json) -> None:
+        with self._lock:
+            self._events.append((kind, obj))
+            self._events_ready.notify()
+
+    # -- the sync loop -----------------------------------------------------------------------
+
+    def _sync_loop(self) -> None:
+        next_metrics = time.monotonic() + self.metrics_interval_s
+        while not self._stop.is_set():
+            with self._lock:
+                if not self._events:
+                    self._events_ready.wait(timeout=self.poll_interval_s)
+                events, self._events = self._events, []
+            try:
+                for kind, obj in events:
+                    if kind == "SYNC":
+                        self._resync(obj["items"])
+                    else:
+                        self._handle(kind, obj)
+                self._tick()
+                if time.monotonic() >= next_metrics:
+                    next_metrics = time.monotonic() + self.metrics_interval_s
+                    self._report_usage()
+            except (OSError, http.client.HTTPException):
+                if self._stop.is_set() or self.api.closed:
+                    return
+                time.sleep(0.05)
+
+    def _mine(self, obj: Json) -> bool:
+        node = (obj.get("spec") or {}).get("nodeName") or ""
+        return node in ("", self.node_name)
+
+    def _resync(self, items: list[Json]) -> None:
+        seen = set()
+        for obj in items:
+            uid = obj["metadata"]["uid"]
+            seen.add(uid)
+            self._handle("MODIFIED", obj)
+        with self._lock:
+            gone = [p for uid, p in self._pods.items() if uid not in seen]
+        for pod in gone:  # deleted while the watch was down
+            self._handle("DELETED", pod.obj)
+
+    def _handle(self, kind: str, obj: Json) -> None:
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid", "")
+        if not uid or not self._mine(obj):
+            return
+        with self._lock:
+            pod = self._pods.get(uid)
+            if kind == "DELETED":
+                if pod is None:
+                    return
+                pod.deleted = True
+                del self._pods[uid]
+            elif pod is None:
+                pod = _Pod(uid, meta.get("namespace", ""), meta.get("name", ""), obj)
+                self._pods[uid] = pod
+            else:
+                pod.obj = obj
+            lost = self._node_lost
+        if kind == "DELETED":
+            if pod.local_name and pod.state == "running":
+                self.backend.delete(pod.local_name, grace_s=0)  # force-deleted: kill it
+            self.api.clear_pod_metrics(pod.namespace, pod.name)
+            return
+        if lost:
+            return
+        phase = (obj.get("status") or {}).get("phase")
+        if not (obj.get("spec") or {}).get("nodeName"):
+            if not meta.get("deletionTimestamp"):
+                self._schedule(pod)
+        elif meta.get("deletionTimestamp"):
+            self._begin_termination(pod)
+        elif pod.state == "pending" and phase not in ("Succeeded", "Failed"):
+            self._start(pod)
+
+    def _tick(self) -> None:
+        with self._lock:
+            if self._node_lost:
+                return
+            pods = list(self._pods.values())
+        statuses = {s.name: s for s in self.backend.statuses()}
+        now = time.monotonic()
+        for pod in pods:
+            if pod.deleted:
+                continue
+            deleting = bool((pod.obj.get("metadata") or {}).get("deletionTimestamp"))
+            if not pod.spec.get("nodeName"):
+                if not deleting:
+                    self._schedule(pod)
+            elif deleting:
+                self._begin_termination(pod)
+            elif pod.state == "running" and not pod.stopping:
+                status = statuses.get(pod.local_name)
+                if status is not None and status.phase.terminal:
+                    self._on_exit(pod, status)
+                else:
+                    self._check_deadline(pod)
+            elif not pod.stopping and (
+                (pod.state == "waiting" and now >= pod.retry_at)
+                or (pod.state == "backoff" and now >= pod.restart_at)
+            ):
+                self._start(pod)
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def _requests(self, pod: _Pod) -> tuple[Fraction, Fraction]:
+        cpu, memory = Fraction(0), Fraction(0)
+        for container in pod.spec.get("containers") or []:
+            resources = container.get("resources") or {}
+            requests = resources.get("requests") or {}
+            limits = resources.get("limits") or {}
+            cpu += parse_quantity(requests.get("cpu", limits.get("cpu", 0)))
+            memory += parse_quantity(requests.get("memory", limits.get("memory", 0)))
+        return cpu, memory
+
+    def _fits(self, pod: _Pod) -> str | None:
+        """None if ``pod`` fits on the node, else the scheduler's reason."""
+        if self.capacity_cpu is None and self.capacity_memory_mb is None:
+            return None
+        used_cpu, used_memory = Fraction(0), Fraction(0)
+        with self._lock:
+            others = [
+                p
+                for p in self._pods.values()
+                if p is not pod
+                and p.spec.get("nodeName") == self.node_name
+                and p.state != "terminated"
+                and not p.deleted
+            ]
+        for other in others:
+            cpu, memory = self._requests(other)
+            used_cpu, used_memory = used_cpu + cpu, used_memory + memory
+        cpu, memory = self._requests(pod)
+        missing = []
+        if self.capacity_cpu is not None and used_cpu + cpu > Fraction(self.capacity_cpu):
+            missing.append("Insufficient cpu")
+        if (
+            self.capacity_memory_mb is not None
+            and used_memory + memory > self.capacity_memory_mb * _MIB
+        ):
+            missing.append("Insufficient memory")
+        if not missing:
+            return None
+        return (
+            "0/1 nodes are available: "
+            + ", ".join(f"1 {m}" for m in missing)
+            + ". preemption: 0/1 nodes are available: 1 No preemption victims found for"
+            " incoming pod."
+        )
+
+    def _schedule(self, pod: _Pod) -> None:
+        scheduler = pod.spec.get("schedulerName") or "default-scheduler"
+        if scheduler != "default-scheduler":
+            return
+        why = self._fits(pod)
+        if why is not None:
+            if not pod.unschedulable_reported:
+                pod.unschedulable_reported = True
+                self._add_condition(pod, "PodScheduled", "Unschedulable", why, status="False")
+                self._event(pod, "Warning", "FailedScheduling", why, component="default-scheduler")
+            return
+        code, _ = self._client.request(
+            "POST",
+            self._pod_path(pod) + "/binding",
+            {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": pod.name, "namespace": pod.namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": self.node_name},
+            },
+        )
+        if code == 201:
+            pod.obj = copy.deepcopy(pod.obj)
+            pod.obj.setdefault("spec", {})["nodeName"] = self.node_name
+            self._event(
+                pod,
+                "Normal",
+                "Scheduled",
+                f"Successfully assigned {pod.namespace}/{pod.name} to {self.node_name}",
+                component="default-scheduler",
+            )
+            self._start(pod)
+
+    # -- running -----------------------------------------------------------------------------
+
+    def _start(self, pod: _Pod) -> None:
+        if pod.stopping or pod.deleted or (pod.obj.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        container = pod.container
+        try:
+            env = self._resolve_env(pod, container)
+        except _ConfigError as e:
+            with self._lock:
+                pod.state = "waiting"
+                pod.retry_at = time.monotonic() + 0.5
+                first = pod.waiting is None
+                pod.waiting = {"reason": "CreateContainerConfigError", "message": str(e)}
+                pod.start_time = pod.start_time or rfc3339()
+            if first:
+                self._event(pod, "Warning", "Failed", f"Error: {e}")
+                self._write_status(pod)
+            return
+        argv = [_expand(a, env) for a in (container.get("command") or [])]
+        argv += [_expand(a, env) for a in (container.get("args") or [])]
+        if argv:
+            argv[0] = self.executables.get(argv[0], argv[0])
+        labels = (pod.obj.get("metadata") or {}).get("labels") or {}
+        role: Role = "ps" if labels.get("role") == "ps" else "worker"
+        index_text = str(labels.get("index", "0"))
+        index = int(index_text) if index_text.isdigit() else 0
+        cpu, memory_mb = self._limits(pod)
+        local_name = pod.local_name or self._local_name(pod)
+        clean_env = {k: v for k, v in env.items() if k not in RESERVED_ENV}
+        now = rfc3339()
+        with self._lock:
+            pod.local_name = local_name
+            pod.waiting = None
+            pod.start_time = pod.start_time or now
+        if not argv:
+            self._record_start_failure(pod, "no command specified", now)
+            return
+        image = container.get("image", "")
+        if pod.restart_count == 0:
+            self._event(
+                pod, "Normal", "Pulled", f'Container image "{image}" already present on machine'
+            )
+        try:
+            self.backend.launch(
+                PodSpec(
+                    name=local_name,
+                    role=role,
+                    index=index,
+                    command=tuple(argv),
+                    env=clean_env,
+                    cpu=float(cpu),
+                    memory_mb=memory_mb,
+                    labels={k: str(v) for k, v in labels.items()},
+                )
+            )
+        except Exception as e:  # PodExistsError, a spec the backend refuses
+            self._record_start_failure(pod, str(e), now)
+            return
+        status = next((s for s in self.backend.statuses() if s.name == local_name), None)
+        if status is not None and status.reason == "StartError":
+            self._record_start_failure(pod, f"exec: {argv[0]!r}: executable file not found", now)
+            return
+        with self._lock:
+            pod.state = "running"
+            pod.started_at = now
+            pod.started_mono = time.monotonic()
+            pod.container_id = f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}"
+            pod.terminated = None
+        name = container.get("name", "main")
+        self._event(pod, "Normal", "Created", f"Created container: {name}")
+        self._event(pod, "Normal", "Started", f"Started container {name}")
+        self._write_status(pod)
+
+    def _record_start_failure(self, pod: _Pod, message: str, now: str) -> None:
+        with self._lock:
+            pod.state = "terminated"
+            pod.failed = True
+            pod.terminated = {
+                "exitCode": 128,
+                "reason": "StartError",
+                "message": message,
+                "startedAt": "1970-01-01T00:00:00Z",
+                "finishedAt": now,
+                "containerID": "",
+            }
+        self._event(pod, "Warning", "Failed", f"Error: {message}")
+        self._write_status(pod)
+
+    def _on_exit(self, pod: _Pod, status: PodStatus) -> None:
+        """The process ended on its own (or was OOM-killed)."""
+        code = status.exit_code if status.exit_code is not None else 1
+        terminated = self._terminated_state(pod, status)
+        policy = pod.spec.get("restartPolicy", "Always")
+        restart = policy == "Always" or (policy == "OnFailure" and code != 0)
+        with self._lock:
+            if restart:
+                pod.last_terminated = terminated
+                pod.terminated = None
+                pod.state = "backoff"
+                delay = min(
+                    self.restart_backoff_s * (2 ** min(pod.restart_count, 10)),
+                    self.restart_backoff_s * 10,
+                )
+                pod.restart_at = time.monotonic() + delay
+                pod.restart_count += 1
+                pod.waiting = {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off {delay:g}s restarting failed"
+                    f" container={pod.container.get('name', 'main')}"
+                    f" pod={pod.name}_{pod.namespace}({pod.uid})",
+                }
+            else:
+                pod.terminated = terminated
+                pod.state = "terminated"
+        if restart:
+            self._event(pod, "Warning", "BackOff", "Back-off restarting failed container")
+        self.api.clear_pod_metrics(pod.namespace, pod.name)
+        self._write_status(pod)
+
+    def _terminated_state(self, pod: _Pod, status: PodStatus | None) -> Json:
+        code = 137 if status is None or status.exit_code is None else status.exit_code
+        reason = status.reason if status is not None else None
+        if reason == "OOMKilled":
+            shown = "OOMKilled"
+        elif reason == "StartError":
+            shown = "StartError"
+        else:
+            shown = "Completed" if code == 0 else "Error"
+        return {
+            "exitCode": code,
+            "reason": shown,
+            "startedAt": pod.started_at or rfc3339(),
+            "finishedAt": rfc3339(status.finished_at if status and status.finished_at else None),
+            "containerID": pod.container_id,
+        }
+
+    def _check_deadline(self, pod: _Pod) -> None:
+        deadline = pod.spec.get("activeDeadlineSeconds")
+        if not isinstance(deadline, int) or time.monotonic() - pod.started_mono < deadline:
+            return
+        with self._lock:
+            pod.stopping = True
+            pod.failed = True
+            pod.pod_reason = "DeadlineExceeded"
+            pod.pod_message = "Pod was active on the node longer than the specified deadline"
+        self._event(pod, "Normal", "DeadlineExceeded", pod.pod_message)
+        threading.Thread(target=self._stop_and_write, args=(pod, 0.0), daemon=True).start()
+
+    def _stop_and_write(self, pod: _Pod, grace_s: float) -> None:
+        self._stop_process(pod, grace_s)
+        self._write_status(pod)
+
+    def _stop_process(self, pod: _Pod, grace_s: float) -> None:
+        """Stop the pod's process (if any) and record its terminated state."""
+        if pod.local_name and pod.state == "running":
+            self._event(pod, "Normal", "Killing", f"Stopping container {pod.container.get('name')}")
+            self.backend.delete(pod.local_name, grace_s=grace_s)
+            status = next((s for s in self.backend.statuses() if s.name == pod.local_name), None)
+            with self._lock:
+                pod.terminated = self._terminated_state(pod, status)
+                pod.state = "terminated"
+        else:
+            with self._lock:
+                if pod.state in ("backoff", "waiting", "pending"):
+                    if pod.last_terminated is not None:
+                        pod.terminated = pod.last_terminated
+                        pod.last_terminated = None
+                    pod.state = "terminated"
+        self.api.clear_pod_metrics(pod.namespace, pod.name)
+
+    def _begin_termination(self, pod: _Pod) -> None:
+        with self._lock:
+            if pod.terminating:
+                return
+            pod.terminating = True
+            pod.stopping = True
+        grace = int((pod.obj.get("metadata") or {}).get("deletionGracePeriodSeconds") or 0)
+        threading.Thread(
+            target=self._terminate, args=(pod, grace), daemon=True, name="fake-kubelet-kill"
+        ).start()
+
+    def _terminate(self, pod: _Pod, grace: int) -> None:
+        try:
+            was_running = pod.state == "running"
+            self._stop_process(pod, float(grace))
+            if was_running or pod.terminated is not None:
+                self._write_status(pod)
+            if self._node_lost:
+                return
+            self._client.request(
+                "DELETE",
+                self._pod_path(pod),
+                {"gracePeriodSeconds": 0, "preconditions": {"uid": pod.uid}},
+            )
+        except (OSError, http.client.HTTPException):
+            pass  # the server went away
+
+    # -- status ------------------------------------------------------------------------------
+
+    def _pod_path(self, pod: _Pod) -> str:
+        return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+
+    def _phase(self, pod: _Pod) -> str:
+        if pod.state in ("pending", "waiting"):
+            return "Pending"
+        if pod.state in ("running", "backoff"):
+            return "Running"
+        if pod.failed:
+            return "Failed"
+        code = (pod.terminated or {}).get("exitCode", 1)
+        return "Succeeded" if code == 0 else "Failed"
+
+    def _render(self, pod: _Pod, current: Json) -> Json:
+        status = copy.deepcopy(current)
+        now = rfc3339()
+        phase = self._phase(pod)
+        status["phase"] = phase
+        status["hostIP"] = "127.0.0.1"
+        status["hostIPs"] = [{"ip": "127.0.0.1"}]
+        if pod.state != "pending" or pod.start_time:
+            status["podIP"] = "127.0.0.1"
+            status["podIPs"] = [{"ip": "127.0.0.1"}]
+            status["startTime"] = pod.start_time or now
+        if pod.pod_reason:
+            status["reason"] = pod.pod_reason
+            status["message"] = pod.pod_message or ""
+        running = pod.state == "running" and not (pod.stopping and pod.terminated)
+        terminal = phase in ("Succeeded", "Failed")
+        ready = running and not terminal
+        owned = {
+            "PodReadyToStartContainers": "True" if not terminal else "False",
+            "Initialized": "True",
+            "ContainersReady": "True" if ready else "False",
+            "Ready": "True" if ready else "False",
+        }
+        old = {c.get("type"): c for c in status.get("conditions") or []}
+        conditions = [c for c in status.get("conditions") or [] if c.get("type") not in owned]
+        for extra in pod.extra_conditions:
+            conditions = [c for c in conditions if c.get("type") != extra["type"]]
+            conditions.append(extra)
+        for kind in _KUBELET_CONDITIONS:
+            value = owned[kind]
+            previous = old.get(kind)
+            cond: Json = {
+                "type": kind,
+                "status": value,
+                "lastProbeTime": None,
+                "lastTransitionTime": (
+                    previous["lastTransitionTime"]
+                    if previous and previous.get("status") == value
+                    else now
+                ),
+            }
+            if value == "False" and kind in ("Ready", "ContainersReady"):
+                if terminal:
+                    cond["reason"] = "PodCompleted"
+                else:
+                    cond["reason"] = "ContainersNotReady"
+                    cond["message"] = (
+                        f"containers with unready status: [{pod.container.get('name')}]"
+                    )
+            conditions.append(cond)
+        status["conditions"] = conditions
+        container = pod.container
+        state: Json
+        if pod.terminated is not None and (pod.state == "terminated" or pod.stopping):
+            state = {"terminated": pod.terminated}
+        elif pod.state == "running":
+            state = {"running": {"startedAt": pod.started_at or now}}
+        else:
+            state = {"waiting": pod.waiting or {"reason": "ContainerCreating"}}
+        image = container.get("image", "")
+        entry: Json = {
+            "name": container.get("name", ""),
+            "state": state,
+            "lastState": {"terminated": pod.last_terminated} if pod.last_terminated else {},
+            "ready": ready,
+            "restartCount": pod.restart_count,
+            "image": image,
+            "imageID": f"fake://{image}",
+            "started": "running" in state,
+        }
+        if pod.container_id:
+            entry["containerID"] = pod.container_id
+        status["containerStatuses"] = [entry]
+        return status
+
+    def _write_status(self, pod: _Pod) -> None:
+        """Render the pod's status from the kubelet's record and PUT it (retrying conflicts)."""
+        if self._node_lost or self._stop.is_set():
+            return
+        path = self._pod_path(pod) + "/status"
+        with pod.write_lock:
+            for _ in range(10):
+                code, current = self._client.request("GET", self._pod_path(pod))
+                if code != 200 or current["metadata"].get("uid") != pod.uid:
+                    return
+                with self._lock:
+                    current["status"] = self._render(pod, current.get("status") or {})
+                    phase = current["status"]["phase"]
+                    state = current["status"]["containerStatuses"][0]["state"]
+                reason = next(iter(state.values())).get("reason") if state else None
+                at = time.monotonic()
+                code, _ = self._client.request("PUT", path, current)
+                if code == 200:
+                    with self._lock:
+                        self.status_writes.append(
+                            StatusWrite(at, pod.namespace, pod.name, phase, reason)
+                        )
+                    return
+                if code != 409:
+                    return
+
+    def _add_condition(
+        self, pod: _Pod, kind: str, reason: str, message: str, *, status: str = "True"
+    ) -> None:
+        patch = {
+            "status": {
+                "conditions": [_condition(kind, status, reason, message)],
+            }
+        }
+        with self._lock:
+            pod.extra_conditions = [c for c in pod.extra_conditions if c["type"] != kind]
+            pod.extra_conditions.append(patch["status"]["conditions"][0])
+        self._client.request(
+            "PATCH",
+            self._pod_path(pod) + "/status",
+            patch,
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    def _event(
+        self,
+        pod: _Pod,
+        kind: str,
+        reason: str,
+        message: str,
+        *,
+        component: str = "kubelet",
+    ) -> None:
+        if not self.emit_events or self._stop.is_set():
+            return
+        now = rfc3339()
+        meta = pod.obj.get("metadata") or {}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{pod.name}.{uuid.uuid4().hex[:16]}",
+                "namespace": pod.namespace,
+            },
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "namespace": pod.namespace,
+                "uid": pod.uid,
+                "resourceVersion": meta.get("resourceVersion", ""),
+                **(
+                    {"fieldPath": f"spec.containers{{{pod.container.get('name')}}}"}
+                    if component == "kubelet"
+                    else {}
+                ),
+            },
+            "reason": reason,
+            "message": message,
+            "source": {"component": component, "host": self.node_name},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "type": kind,
+            "reportingComponent": component,
+            "reportingInstance": self.node_name,
+        }
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            self._client.request("POST", f"/api/v1/namespaces/{pod.namespace}/events", body)
+
+    def _report_usage(self) -> None:
+        with self._lock:
+            by_local = {
+                p.local_name: p for p in self._pods.values() if p.local_name and not p.deleted
+            }
+        for usage in self.backend.usage():
+            pod = by_local.get(usage.name)
+            if pod is not None and pod.state == "running":
+                self.api.set_pod_metrics(
+                    pod.namespace,
+                    pod.name,
+                    usage.cpu_cores,
+                    int(usage.memory_mb * _MIB),
+                    window_s=self.metrics_interval_s,
+                )
+
+    # -- configuration -----------------------------------------------------------------------
+
+    def _find(self, name: str, namespace: str) -> _Pod | None:
+        with self._lock:
+            return next(
+                (p for p in self._pods.values() if p.name == name and p.namespace == namespace),
+                None,
+            )
+
+    def _local_name(self, pod: _Pod) -> str:
+        """The local backend's pod name: the pod's own when it is a DNS-1123 label not in use
+        by another namespace's pod, else one made from the uid."""
+        name = pod.name
+        with self._lock:
+            taken = {p.local_name for p in self._pods.values() if p is not pod and p.local_name}
+        valid = len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name)
+        if valid and name not in taken:
+            return name
+        return "pod-" + pod.uid.replace("-", "")[:20]
+
+    def _log_text(self, namespace: str, name: str) -> str | None:
+        path = self.log_path(name, namespace)
+        if path is None or not path.exists():
+            return None
+        return path.read_text(errors="replace")
+
+    def _limits(self, pod: _Pod) -> tuple[Fraction, int]:
+        resources = pod.container.get("resources") or {}
+        limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+        node = self.api.get_object("nodes", "", self.node_name) or {}
+        capacity = (node.get("status") or {}).get("capacity") or {}
+        cpu_text = limits.get("cpu") or requests.get("cpu") or capacity.get("cpu") or "1"
+        memory_text = (
+            limits.get("memory") or requests.get("memory") or capacity.get("memory") or "1Gi"
+        )
+        cpu = parse_quantity(cpu_text)
+        memory_mb = max(1, math.ceil(parse_quantity(memory_text) / _MIB))
+        return (cpu if cpu > 0 else Fraction(1, 1000)), memory_mb
+
+    def _secret(self, namespace: str, name: str, optional: bool) -> dict[str, str] | None:
+        code, secret = self._client.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        if code == 404:
+            if optional:
+                return None
+            raise _ConfigError(f'secret "{name}" not found')
+        if code != 200:
+            raise _ConfigError(f"cannot read secret {name}: {code}")
+        return {
+            k: base64.b64decode(v).decode(errors="replace")
+            for k, v in (secret.get("data") or {}).items()
+        }
+
+    def _configmap(self, namespace: str, name: str, optional: bool) -> dict[str, str] | None:
+        code, cm = self._client.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+        if code == 404:
+            if optional:
+                return None
+            raise _ConfigError(f'configmap "{name}" not found')
+        if code != 200:
+            raise _ConfigError(f"cannot read configmap {name}: {code}")
+        return dict(cm.get("data") or {})
+
+    def _resolve_env(self, pod: _Pod, container: Json) -> dict[str, str]:
+        env: dict[str, str] = {}
+        ns = pod.namespace
+        for source in container.get("envFrom") or []:
+            prefix = source.get("prefix", "")
+            for key, reader in (("secretRef", self._secret), ("configMapRef", self._configmap)):
+                ref = source.get(key)
+                if ref:
+                    data = reader(ns, ref.get("name", ""), bool(ref.get("optional")))
+                    for k, v in (data or {}).items():
+                        env[prefix + k] = v
+        for item in container.get("env") or []:
+            name = item.get("name", "")
+            if "value" in item:
+                env[name] = _expand(str(item.get("value") or ""), env)
+                continue
+            source = item.get("valueFrom") or {}
+            value: str | None = ""
+            if "secretKeyRef" in source or "configMapKeyRef" in source:
+                is_secret = "secretKeyRef" in source
+                ref = source["secretKeyRef" if is_secret else "configMapKeyRef"]
+                optional = bool(ref.get("optional"))
+                reader = self._secret if is_secret else self._configmap
+                data = reader(ns, ref.get("name", ""), optional)
+                key = ref.get("key", "")
+                if data is None or key not in data:
+                    if not optional:
+                        kind = "Secret" if is_secret else "ConfigMap"
+                        raise _ConfigError(
+                            f"couldn't find key {key} in {kind} {ns}/{ref.get('name')}"
+                        )
+                    value = None
+                else:
+                    value = data[key]
+            elif "fieldRef" in source:
+                value = self._field_ref(pod, source["fieldRef"].get("fieldPath", ""))
+            elif "resourceFieldRef" in source:
+                value = self._resource_ref(pod, source["resourceFieldRef"])
+            if value is not None:
+                env[name] = value
+        return env
+
+    def _field_ref(self, pod: _Pod, path: str) -> str:
+        meta = pod.obj.get("metadata") or {}
+        m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+        if m:
+            return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
+        values = {
+            "metadata.name": pod.name,
+            "metadata.namespace": pod.namespace,
+            "metadata.uid": pod.uid,
+            "spec.nodeName": self.node_name,
+            "spec.serviceAccountName": pod.spec.get("serviceAccountName", "default"),
+            "status.podIP": "127.0.0.1",
+            "status.podIPs": "127.0.0.1",
+            "status.hostIP": "127.0.0.1",
+            "status.hostIPs": "127.0.0.1",
+        }
+        return str(values.get(path, ""))
+
+    def _resource_ref(self, pod: _Pod, ref: Json) -> str:
+        resource = ref.get("resource", "")
+        divisor = parse_quantity(ref.get("divisor") or "1")
+        if divisor == 0:
+            divisor = Fraction(1)
+        resources = pod.container.get("resources") or {}
+        kind, _, name = resource.partition(".")
+        values = resources.get(kind) or {}
+        if name in values:
+            amount = parse_quantity(values[name])
+        else:
+            node = self.api.get_object("nodes", "", self.node_name) or {}
+            amount = parse_quantity(
+                ((node.get("status") or {}).get("allocatable") or {}).get(name, "0")
+            )
+        return str(math.ceil(amount / divisor))
+
+
+def _expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes ``$(VAR)`` expansion: defined variables are substituted, ``$$`` is ``$``,
+    an undefined reference is left as it is."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        return str(env[name]) if name in env else m.group(0)
+
+    return _VAR_REF.sub(sub, text)
+
+
+def _condition(kind: str, status: str, reason: str, message: str) -> Json:
+    return {
+        "type": kind,
+        "status": status,
+        "lastProbeTime": None,
+        "lastTransitionTime": rfc3339(),
+        "reason": reason,
+        "message": message,
+    }
+
+
+__all__ = ["FakeKubelet", "StatusWrite"]

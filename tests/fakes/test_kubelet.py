@@ -1,0 +1,451 @@
+"""The fake kubelet runs the fake API server's pods as local processes, as a kubelet would."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes  # type: ignore[import-untyped]
+import pytest
+from kubernetes import watch
+from kubernetes.client import (  # type: ignore[import-untyped]
+    ApiException,
+    CoreV1Api,
+    CustomObjectsApi,
+)
+
+from tests.fakes import FakeApiServer, FakeKubelet
+
+Json = dict[str, Any]
+
+# Grows to 400 MiB in 20 MiB steps (as the local backend's own OOM test does).
+GROW_400_MB = (
+    "import time\n"
+    "chunks = []\n"
+    "for _ in range(20):\n"
+    "    chunks.append(b'x' * (20 << 20))\n"
+    "    time.sleep(0.02)\n"
+    "time.sleep(30)\n"
+)
+IGNORE_SIGTERM = (
+    "import pathlib, signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "pathlib.Path(sys.argv[1]).write_text('ready')\n"
+    "time.sleep(60)\n"
+)
+
+
+@dataclass
+class Cluster:
+    api: FakeApiServer
+    kubelet: FakeKubelet
+    v1: CoreV1Api
+    custom: CustomObjectsApi
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    with (
+        FakeApiServer() as api,
+        FakeKubelet(api, log_dir=tmp_path / "logs", restart_backoff_s=0.1) as kubelet,
+    ):
+        config = api.write_kubeconfig(tmp_path / "kubeconfig")
+        client = kubernetes.config.new_client_from_config(config_file=str(config))
+        yield Cluster(api, kubelet, CoreV1Api(client), CustomObjectsApi(client))
+
+
+def pod(
+    name: str,
+    code: str,
+    *args: str,
+    memory: str = "128Mi",
+    restart: str = "Never",
+    env: list[Json] | None = None,
+    command: str = sys.executable,
+    labels: dict[str, str] | None = None,
+    cpu: str = "500m",
+) -> Json:
+    return {
+        "metadata": {"name": name, "labels": labels or {"role": "worker", "index": "0"}},
+        "spec": {
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3.11",
+                    "command": [command, "-c", code],
+                    "args": list(args),
+                    "env": env or [],
+                    "resources": {"limits": {"cpu": cpu, "memory": memory}},
+                }
+            ],
+        },
+    }
+
+
+class PodWatch:
+    """Records every pod event an official-client watch sees, with its arrival time."""
+
+    def __init__(self, v1: CoreV1Api) -> None:
+        self.events: list[tuple[float, str, Json]] = []
+        self._watch = watch.Watch()
+        rv = v1.list_namespaced_pod("default").metadata.resource_version
+        self._thread = threading.Thread(target=self._run, args=(v1, rv), daemon=True)
+        self._thread.start()
+
+    def _run(self, v1: CoreV1Api, rv: str) -> None:
+        for event in self._watch.stream(
+            v1.list_namespaced_pod, "default", resource_version=rv, timeout_seconds=60
+        ):
+            self.events.append((time.monotonic(), event["type"], event["raw_object"]))
+
+    def wait(self, predicate: Callable[[str, Json], bool], timeout_s: float = 10.0) -> Json:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for _, kind, obj in list(self.events):
+                if predicate(kind, obj):
+                    return obj
+            time.sleep(0.02)
+        seen = [(k, o["metadata"]["name"], o["status"].get("phase")) for _, k, o in self.events]
+        raise AssertionError(f"no such event within {timeout_s}s; saw {seen}")
+
+    def phases(self, name: str) -> list[str]:
+        phases: list[str] = []
+        for _, _, obj in self.events:
+            phase = obj["status"].get("phase")
+            if obj["metadata"]["name"] == name and (not phases or phases[-1] != phase):
+                phases.append(phase)
+        return phases
+
+    def stop(self) -> None:
+        self._watch.stop()
+
+
+def phase_is(name: str, *phases: str) -> Callable[[str, Json], bool]:
+    return lambda kind, obj: (
+        obj["metadata"]["name"] == name and obj["status"].get("phase") in phases
+    )
+
+
+def container_state(obj: Json) -> Json:
+    state: Json = obj["status"]["containerStatuses"][0]["state"]
+    return state
+
+
+def conditions(obj: Json) -> dict[str, Json]:
+    return {c["type"]: c for c in obj["status"].get("conditions") or []}
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie not yet reaped still answers; the backend reaps on delete.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] == "Z"
+
+
+def test_pod_runs_to_completion_with_env_from_a_secret(cluster: Cluster, tmp_path: Path) -> None:
+    v1 = cluster.v1
+    v1.create_namespaced_secret(
+        "default", {"metadata": {"name": "creds"}, "stringData": {"token": "hunter2"}}
+    )
+    out = tmp_path / "out.txt"
+    code = (
+        "import os, sys, time\n"
+        "time.sleep(0.3)\n"
+        "keys = ('TOKEN', 'POD', 'NODE', 'IP', 'CPU_M', 'MEM_MI', 'URL')\n"
+        "open(sys.argv[1], 'w').write(' '.join(os.environ[k] for k in keys))\n"
+    )
+    env: list[Json] = [
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {
+            "name": "CPU_M",
+            "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1m"}},
+        },
+        {
+            "name": "MEM_MI",
+            "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}},
+        },
+        {"name": "URL", "value": "http://$(IP):8080/$(POD)"},
+    ]
+    events = PodWatch(v1)
+    v1.create_namespaced_pod("default", pod("w-0", code, str(out), env=env))
+    done = events.wait(phase_is("w-0", "Succeeded", "Failed"))
+    assert events.phases("w-0") == ["Pending", "Running", "Succeeded"]
+    assert out.read_text() == (
+        "hunter2 w-0 fake-node-0 127.0.0.1 500 128 http://127.0.0.1:8080/w-0"
+    )
+    running = events.wait(phase_is("w-0", "Running"))
+    started = container_state(running)["running"]["startedAt"]
+    assert running["status"]["podIP"] == "127.0.0.1" and running["status"]["startTime"]
+    assert conditions(running)["Ready"]["status"] == "True"
+    assert running["status"]["containerStatuses"][0]["ready"] is True
+    terminated = container_state(done)["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (0, "Completed")
+    assert terminated["startedAt"] == started and terminated["finishedAt"]
+    assert conditions(done)["Ready"]["status"] == "False"
+    assert conditions(done)["PodScheduled"]["status"] == "True"
+    assert done["spec"]["nodeName"] == "fake-node-0"
+    reasons = {e.reason for e in v1.list_namespaced_event("default").items}
+    assert {"Scheduled", "Pulled", "Created", "Started"} <= reasons
+    log = v1.read_namespaced_pod_log("w-0", "default")
+    assert "dlrover-kfp launch w-0 role=worker index=0 cpu=0.5 memory_mb=128" in log
+    assert "hunter2" not in log  # env values are never logged
+    # The kubelet's requests are in the audit log, marked, and apart from the client's.
+    kubelet_verbs = {(c.rbac_resource, c.verb) for c in cluster.api.calls if c.from_kubelet}
+    assert {("pods", "watch"), ("pods/binding", "create"), ("pods/status", "update"),
+            ("secrets", "get")} <= kubelet_verbs  # fmt: skip
+    assert ("", "pods/status", "update") not in cluster.api.rbac_verbs()
+    events.stop()
+
+
+def test_failing_command_is_failed_with_its_exit_code(cluster: Cluster) -> None:
+    events = PodWatch(cluster.v1)
+    # "python" in a command resolves to this interpreter, as if the image had it.
+    cluster.v1.create_namespaced_pod(
+        "default", pod("w-1", "import sys; sys.exit(3)", command="python")
+    )
+    done = events.wait(phase_is("w-1", "Failed", "Succeeded"))
+    terminated = container_state(done)["terminated"]
+    assert (done["status"]["phase"], terminated["reason"], terminated["exitCode"]) == (
+        "Failed",
+        "Error",
+        3,
+    )
+    # A command that cannot start: StartError, exit code 128, as containerd reports.
+    cluster.v1.create_namespaced_pod("default", pod("w-2", "", command="/no/such/binary"))
+    failed = events.wait(phase_is("w-2", "Failed"))
+    terminated = container_state(failed)["terminated"]
+    assert (terminated["reason"], terminated["exitCode"]) == ("StartError", 128)
+    events.stop()
+
+
+def test_over_its_memory_limit_is_oom_killed_and_seen_quickly(cluster: Cluster) -> None:
+    events = PodWatch(cluster.v1)
+    cluster.v1.create_namespaced_pod("default", pod("ps-0", GROW_400_MB, memory="200Mi"))
+    done = events.wait(phase_is("ps-0", "Failed", "Succeeded"), timeout_s=15)
+    terminated = container_state(done)["terminated"]
+    assert (done["status"]["phase"], terminated["reason"], terminated["exitCode"]) == (
+        "Failed",
+        "OOMKilled",
+        137,
+    )
+    [write] = [w for w in cluster.kubelet.status_writes if w.reason == "OOMKilled"]
+    [seen_at] = [
+        at
+        for at, _, obj in events.events
+        if obj["status"].get("containerStatuses")
+        and container_state(obj).get("terminated", {}).get("reason") == "OOMKilled"
+    ]
+    latency = seen_at - write.at
+    assert 0 <= latency < 0.5, f"kubelet write to client watch took {latency:.3f}s"
+    events.stop()
+
+
+def test_delete_with_grace_stops_the_process_then_removes_the_pod(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    events = PodWatch(cluster.v1)
+    ready = tmp_path / "ready"
+    cluster.v1.create_namespaced_pod("default", pod("w-3", IGNORE_SIGTERM, str(ready)))
+    events.wait(phase_is("w-3", "Running"))
+    deadline = time.monotonic() + 10
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pid = cluster.kubelet.pid_of("w-3")
+    assert pid is not None and not process_gone(pid)
+    started = time.monotonic()
+    marked = cluster.v1.delete_namespaced_pod("w-3", "default", grace_period_seconds=1)
+    assert marked.metadata.deletion_grace_period_seconds == 1
+    assert marked.metadata.deletion_timestamp is not None
+    events.wait(lambda kind, obj: kind == "DELETED" and obj["metadata"]["name"] == "w-3")
+    assert time.monotonic() - started >= 1.0  # SIGTERM ignored: killed when the grace ran out
+    assert process_gone(pid)
+    kinds = [(k, o["status"].get("phase")) for _, k, o in events.events if k != "ADDED"]
+    assert ("MODIFIED", "Running") in kinds and kinds[-1][0] == "DELETED"
+    last_status = [o for _, k, o in events.events if k == "MODIFIED"][-1]
+    assert last_status["metadata"]["deletionTimestamp"]
+    terminated = container_state(last_status)["terminated"]
+    assert (last_status["status"]["phase"], terminated["exitCode"]) == ("Failed", 137)
+    with pytest.raises(ApiException) as gone:
+        cluster.v1.read_namespaced_pod("w-3", "default")
+    assert gone.value.status == 404
+    events.stop()
+
+
+def test_evict_preempt_and_lose_node(cluster: Cluster) -> None:
+    v1, kubelet = cluster.v1, cluster.kubelet
+    events = PodWatch(v1)
+    for name in ("ev", "pre", "lost"):
+        v1.create_namespaced_pod("default", pod(name, "import time; time.sleep(60)"))
+    for name in ("ev", "pre", "lost"):
+        events.wait(phase_is(name, "Running"))
+    pids = {name: kubelet.pid_of(name) for name in ("ev", "pre", "lost")}
+
+    kubelet.evict("ev", message="The node was low on resource: memory.")
+    evicted = v1.read_namespaced_pod("ev", "default")  # the object stays, Failed
+    assert (evicted.status.phase, evicted.status.reason) == ("Failed", "Evicted")
+    assert evicted.status.message == "The node was low on resource: memory."
+    target = {c.type: c for c in evicted.status.conditions}["DisruptionTarget"]
+    assert (target.status, target.reason) == ("True", "TerminationByKubelet")
+    pid = pids["ev"]
+    assert pid is not None and process_gone(pid)
+
+    kubelet.preempt("pre")
+    gone = events.wait(lambda kind, obj: kind == "DELETED" and obj["metadata"]["name"] == "pre")
+    assert conditions(gone)["DisruptionTarget"]["reason"] == "PreemptionByScheduler"
+
+    kubelet.lose_node()
+    gone = events.wait(lambda kind, obj: kind == "DELETED" and obj["metadata"]["name"] == "lost")
+    assert conditions(gone)["DisruptionTarget"]["reason"] == "DeletionByTaintManager"
+    assert gone["status"]["phase"] == "Running"  # the lost node never reported an end
+    node = v1.read_node("fake-node-0")
+    assert {c.type: c.status for c in node.status.conditions}["Ready"] == "Unknown"
+    assert {t.effect for t in node.spec.taints} == {"NoSchedule", "NoExecute"}
+    for name in ("pre", "lost"):
+        pid = pids[name]
+        assert pid is not None and process_gone(pid)
+    events.stop()
+
+
+def test_missing_secret_waits_then_starts(cluster: Cluster) -> None:
+    events = PodWatch(cluster.v1)
+    env = [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "later", "key": "t"}}}]
+    cluster.v1.create_namespaced_pod("default", pod("w-4", "pass", env=env))
+    waiting = events.wait(
+        lambda kind, obj: (
+            obj["status"].get("containerStatuses") is not None and obj["metadata"]["name"] == "w-4"
+        )
+    )
+    assert waiting["status"]["phase"] == "Pending"
+    assert container_state(waiting)["waiting"] == {
+        "reason": "CreateContainerConfigError",
+        "message": 'secret "later" not found',
+    }
+    cluster.v1.create_namespaced_secret("default", {"metadata": {"name": "later"},
+                                                    "stringData": {"t": "x"}})  # fmt: skip
+    events.wait(phase_is("w-4", "Succeeded"))
+    events.stop()
+
+
+def test_restart_policy_on_failure_restarts_in_place(cluster: Cluster, tmp_path: Path) -> None:
+    marker = tmp_path / "tried"
+    code = (
+        "import pathlib, sys\n"
+        "p = pathlib.Path(sys.argv[1])\n"
+        "if not p.exists():\n"
+        "    p.write_text('1'); sys.exit(1)\n"
+    )
+    events = PodWatch(cluster.v1)
+    cluster.v1.create_namespaced_pod("default", pod("w-5", code, str(marker), restart="OnFailure"))
+    done = events.wait(phase_is("w-5", "Succeeded", "Failed"))
+    status = done["status"]["containerStatuses"][0]
+    assert status["restartCount"] == 1
+    assert status["lastState"]["terminated"]["exitCode"] == 1
+    assert container_state(done)["terminated"]["exitCode"] == 0
+    # Between the two runs: Running, waiting in CrashLoopBackOff, not ready.
+    backoff = [
+        o
+        for _, _, o in events.events
+        if o["status"].get("containerStatuses")
+        and container_state(o).get("waiting", {}).get("reason") == "CrashLoopBackOff"
+    ]
+    assert backoff and backoff[0]["status"]["phase"] == "Running"
+    assert backoff[0]["status"]["containerStatuses"][0]["ready"] is False
+    events.stop()
+
+
+def test_usage_reaches_the_metrics_api(cluster: Cluster) -> None:
+    events = PodWatch(cluster.v1)
+    cluster.v1.create_namespaced_pod(
+        "default", pod("busy", "while True: pass", labels={"role": "ps", "index": "1"})
+    )
+    events.wait(phase_is("busy", "Running"))
+    deadline = time.monotonic() + 5
+    items: list[Json] = []
+    while not items and time.monotonic() < deadline:
+        listing = cluster.custom.list_namespaced_custom_object(
+            "metrics.k8s.io", "v1beta1", "default", "pods", label_selector="role=ps"
+        )
+        items = listing["items"]
+        time.sleep(0.1)
+    [metrics] = items
+    usage = metrics["containers"][0]["usage"]
+    assert usage["cpu"].endswith(("n", "u", "m")) or usage["cpu"].isdigit()
+    assert usage["memory"].endswith("Ki")
+    cluster.v1.delete_namespaced_pod("busy", "default", grace_period_seconds=0)
+    events.stop()
+
+
+def test_kubelet_is_exempt_from_api_storms(cluster: Cluster, tmp_path: Path) -> None:
+    out = tmp_path / "ran"
+    code = "import sys, time; time.sleep(0.3); open(sys.argv[1], 'w').write('ok')"
+    cluster.v1.create_namespaced_pod("default", pod("w-6", code, str(out)))
+    cluster.api.storm(3.0, code=503)
+    with pytest.raises(ApiException):
+        cluster.v1.list_namespaced_pod("default")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        obj = cluster.api.get_object("pods", "default", "w-6")
+        if obj and obj["status"]["phase"] == "Succeeded":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the pod did not complete during the storm")
+    assert out.read_text() == "ok"
+    cluster.api.clear_faults()
+
+
+def test_kubelet_relists_after_its_watch_expires(cluster: Cluster) -> None:
+    cluster.api.compact()
+    assert cluster.api.expire_watches() == 1  # the kubelet's: it relists and watches again
+    deadline = time.monotonic() + 5
+    while cluster.api.open_watches < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    cluster.v1.create_namespaced_pod("default", pod("after", "pass"))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        obj = cluster.api.get_object("pods", "default", "after")
+        if obj and obj["status"]["phase"] == "Succeeded":
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the kubelet did not run a pod created after its watch expired")
+    lists = [c for c in cluster.api.calls if c.from_kubelet and c.verb == "list"]
+    assert len(lists) == 2  # the initial list and the relist after the 410
+
+
+def test_capacity_keeps_pods_pending_until_they_fit(tmp_path: Path) -> None:
+    with (
+        FakeApiServer() as api,
+        FakeKubelet(api, log_dir=tmp_path / "logs", capacity_cpu=1.0) as _,
+    ):
+        client = kubernetes.config.new_client_from_config(
+            config_file=str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        )
+        v1 = CoreV1Api(client)
+        events = PodWatch(v1)
+        v1.create_namespaced_pod("default", pod("a", "import time; time.sleep(0.5)", cpu="750m"))
+        events.wait(phase_is("a", "Running"))
+        v1.create_namespaced_pod("default", pod("b", "pass", cpu="750m"))
+        pending = events.wait(
+            lambda kind, obj: obj["metadata"]["name"] == "b" and "PodScheduled" in conditions(obj)
+        )
+        scheduled = conditions(pending)["PodScheduled"]
+        assert (scheduled["status"], scheduled["reason"]) == ("False", "Unschedulable")
+        assert "Insufficient cpu" in scheduled["message"]
+        events.wait(phase_is("b", "Succeeded"))
+        assert events.phases("b") == ["Pending", "Running", "Succeeded"]
+        events.stop()

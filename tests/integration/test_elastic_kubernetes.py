@@ -1,0 +1,272 @@
+"""The elastic runtime on the Kubernetes backend, unchanged: the official client against the fake
+API server (tests/fakes/kube_apiserver.py), whose fake kubelet runs every pod as a real
+trainer process with its CPU and memory limits. Exact sample counts, and the events in the
+profile, as on the local backend (tests/integration/test_elastic_run.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dlrover_kfp.backends.k8s_objects import KubernetesSettings, RetryPolicy
+from dlrover_kfp.backends.kubernetes import KubernetesBackend, load_client
+from dlrover_kfp.core.plan import ResourcePlan, Stage
+from dlrover_kfp.core.planner import PlannerSettings
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.runtime.elastic import ElasticRun
+from dlrover_kfp.runtime.job import RunResult, RunSettings
+from tests.fakes.kube_apiserver import FakeApiServer
+from tests.fakes.kubelet import FakeKubelet
+from tests.integration.test_elastic_run import PLANNER, QUIET, _spec, _trained_rows
+from tests.integration.test_master_restart import JOB, _expected_samples, _pods_of
+
+NAMESPACE = "default"
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/cmdline").exists(), reason="finds the pods' processes in /proc (Linux)"
+)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[FakeApiServer, FakeKubelet]]:
+    with (
+        FakeApiServer() as api,
+        FakeKubelet(api, log_dir=tmp_path / "kubelet", metrics_interval_s=1.0) as kubelet,
+    ):
+        yield api, kubelet
+
+
+During = Callable[[ElasticRun, FakeApiServer, FakeKubelet], None]
+
+
+def _run(
+    spec: JobSpec,
+    tmp_path: Path,
+    cluster: tuple[FakeApiServer, FakeKubelet],
+    settings: RunSettings,
+    planner: PlannerSettings,
+    during: During | None = None,
+) -> RunResult:
+    api, kubelet = cluster
+    client = load_client(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    kube = KubernetesSettings(
+        namespace=NAMESPACE, image="dlrover-kfp:test", retry=RetryPolicy(initial_s=0.1, max_s=2.0)
+    )
+    plan = ResourcePlan(
+        workers=spec.resources.workers.to_group(),  # type: ignore[union-attr]
+        ps=spec.resources.ps.to_group(),  # type: ignore[union-attr]
+        stage=Stage.MANUAL,
+        reason="the user's guess",
+    )
+    with KubernetesBackend(client, kube, job=spec.name) as backend:
+        run = ElasticRun(
+            spec,
+            backend,
+            plan=plan,
+            planner=planner,
+            output_dir=tmp_path / "out",
+            base_dir=tmp_path,
+            settings=dataclasses_replace(settings, python="python"),
+            progress=lambda line: None,
+        )
+        if during is not None:
+            threading.Thread(target=during, args=(run, api, kubelet), daemon=True).start()
+        return run.run()
+
+
+def dataclasses_replace(settings: RunSettings, **changes: object) -> RunSettings:
+    import dataclasses  # noqa: PLC0415
+
+    return dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
+
+
+def _training(run: ElasticRun, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if run.samples and run.samples[-1].throughput > 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the job never trained")
+
+
+def test_scale_up_ps_move_worker_sigkill_and_eviction_on_kubernetes(
+    tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet]
+) -> None:
+    """From 1 worker x 0.25 + 1 PS x 0.25: Stage 2 grows the job (the PS count changes: the PS
+    move live to new pods), then a worker is SIGKILLed and another evicted; every row once."""
+    spec = _spec(
+        2_000_000, "{count: 1, cpu: 0.25, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
+    )
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    done: dict[str, str] = {}
+
+    def faults(run: ElasticRun, api: FakeApiServer, kubelet: FakeKubelet) -> None:
+        deadline = time.monotonic() + 240
+        # after the first auto-scale step, with the grown shape training
+        while time.monotonic() < deadline:
+            steps = [p for p in run.plans if p.stage is Stage.AUTO_SCALE]
+            last = run.samples[-1] if run.samples else None
+            if steps and last and last.time > steps[0].time + 3 and last.throughput > 0:
+                break
+            time.sleep(0.1)
+        pid = kubelet.pid_of("elastic-worker-0")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        done["killed"] = "elastic-worker-0"
+        time.sleep(3.0)
+        statuses = {s.name: s for s in run.backend.statuses()}
+        victim = next((n for n in ("elastic-worker-1", "elastic-worker-0") if n in statuses), None)
+        assert victim is not None
+        while time.monotonic() < deadline and statuses[victim].phase.value != "Running":
+            time.sleep(0.1)
+            statuses = {s.name: s for s in run.backend.statuses()}
+        kubelet.evict(victim)
+        done["evicted"] = victim
+
+    result = _run(spec, tmp_path, cluster, settings, PLANNER, during=faults)
+    profile = result.profile
+    assert result.succeeded, profile.outcome.reason
+    assert done.keys() == {"killed", "evicted"}, done
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    steps = [p for p in profile.plans if p.stage is Stage.AUTO_SCALE]
+    assert steps and steps[0].ps.count > 1, profile.plans  # the PS set changed
+    moved = [e for e in profile.events if e.kind == "migration"]
+    assert moved, profile.events
+    failures = [e for e in profile.events if e.kind == "failure"]
+    assert any(e.node == "elastic-worker-0" and "137" in e.detail for e in failures), failures
+    relaunches = [e for e in profile.events if e.kind == "relaunch"]
+    evicted = [e for e in relaunches if e.node == done["evicted"] and "evicted" in e.detail]
+    assert evicted and "not counted against the job" in evicted[0].detail, relaunches
+    print(
+        "\nkubernetes elastic run: "
+        + "; ".join(
+            f"{e.time:.1f}s {e.kind} {e.node or ''} {e.detail[:70]}" for e in profile.events
+        )
+    )
+
+
+def test_an_oom_killed_worker_is_relaunched_bigger_on_kubernetes(
+    tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet]
+) -> None:
+    spec = _spec(
+        200_000, "{count: 1, cpu: 0.5, memory: 128Mi}", "{count: 1, cpu: 0.5, memory: 2Gi}"
+    )
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    result = _run(spec, tmp_path, cluster, settings, QUIET)
+    profile = result.profile
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    ooms = [e for e in profile.events if e.kind == "oom"]
+    assert ooms and ooms[0].node == "elastic-worker-0", profile.events
+    relaunches = [e for e in profile.events if e.kind == "relaunch"]
+    assert relaunches and "OOM-killed at 128Mi: relaunched with 512Mi" in relaunches[0].detail
+    # the new pod on the API server has the bigger limit
+    api, _ = cluster
+    del api
+
+
+def test_a_run_rides_out_an_api_storm_a_throttle_and_an_expired_watch(
+    tmp_path: Path,
+    cluster: tuple[FakeApiServer, FakeKubelet],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The API answers 500 for 10 s, then 429 (Retry-After: 1) for 3 s, and the master's watch
+    expires (410) with its history compacted: the job finishes, nothing lost, and the retries
+    and the relist are in the log."""
+    caplog.set_level(logging.WARNING, logger="dlrover_kfp.kubernetes")
+    spec = _spec(
+        1_200_000, "{count: 2, cpu: 0.5, memory: 2Gi}", "{count: 1, cpu: 0.5, memory: 2Gi}"
+    )
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    done: dict[str, float] = {}
+
+    def storm(run: ElasticRun, api: FakeApiServer, kubelet: FakeKubelet) -> None:
+        _training(run, time.monotonic() + 120)
+        api.storm(10.0, code=500)
+        time.sleep(10.0)
+        api.throttle(3.0, retry_after=1)
+        time.sleep(3.0)
+        api.compact()
+        api.expire_watches()
+        done["at"] = time.monotonic()
+
+    result = _run(spec, tmp_path, cluster, settings, QUIET, during=storm)
+    profile = result.profile
+    assert done, "the job ended before the faults were over"
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    messages = [r.getMessage() for r in caplog.records]
+    retried_500 = [m for m in messages if "500" in m and "retry" in m]
+    retried_429 = [m for m in messages if "429" in m and "retry" in m]
+    relists = [m for m in messages if "410" in m and "relisting" in m]
+    assert retried_500 and retried_429 and relists, messages
+    print(
+        f"\nAPI storm: {len(retried_500)} calls retried after 500, {len(retried_429)} after "
+        f"429, {len(relists)} relist(s) after 410; e.g. {retried_500[0]!r}"
+    )
+
+
+def test_a_master_killed_on_kubernetes_resumes_with_the_same_command(
+    tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet]
+) -> None:
+    api, _kubelet = cluster
+    (tmp_path / "job.yaml").write_text(JOB)
+    out = tmp_path / "out"
+    config = api.write_kubeconfig(tmp_path / "kubeconfig")
+    argv = [sys.executable, "-m", "dlrover_kfp.cli.main", "run", "--job", "job.yaml"]
+    argv += ["--output-dir", "out", "--checkpoint-interval", "2", "--sample-interval", "1"]
+    argv += ["--backend", "kubernetes", "--namespace", NAMESPACE, "--image", "dlrover-kfp:test"]
+    argv += ["--kubeconfig", str(config), "--master-host", "127.0.0.1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    first = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 180
+        committed: list[Path] = []
+        while time.monotonic() < deadline and first.poll() is None:
+            committed = [p for p in (out / "checkpoints").glob("step-*") if p.suffix != ".tmp"]
+            if len(committed) >= 2:
+                break
+            time.sleep(0.1)
+        assert first.poll() is None, first.communicate()[1].decode()[-3000:]
+        assert committed, "no checkpoint was committed in time"
+        time.sleep(1.0)
+        run_file = json.loads((out / "run.json").read_text())
+        pod = api.get_object("pods", NAMESPACE, "restart-ps-0")
+        assert pod is not None
+        port = int(pod["spec"]["containers"][0]["command"][-1].rsplit(":", 1)[1])
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    deadline = time.monotonic() + 30
+    while _pods_of(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _pods_of(port), "the killed master's pods kept running"
+
+    again = subprocess.run(
+        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from the checkpoint of step" in again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["run_id"] == run_file["run_id"]
+    assert summary["outcome"]["status"] == "succeeded"
+    assert summary["outcome"]["samples_processed"] == _expected_samples()
+    profile = json.loads((out / "profile.json").read_text())
+    restarts = [e for e in profile["events"] if e["detail"].startswith("master restarted")]
+    assert len(restarts) == 1, profile["events"]
+    # the new master replaced the old master's finished pod objects, and cleaned up at the end
+    assert api.list_objects("pods", NAMESPACE) == []
+    assert api.list_objects("secrets", NAMESPACE) == []
