@@ -223,6 +223,21 @@ def test_rolls_back_when_throughput_drops_20_percent() -> None:
     assert decision.plan.reason.startswith("rollback")
 
 
+def test_samples_without_progress_are_no_measurement_and_no_crash() -> None:
+    """A resumed job's first samples can all show 0 samples/s (its pods starting): there is
+    nothing to fit, and the decision must say so rather than fail (a resumed run once died
+    of it)."""
+    truth = Truth()
+    ctx = context_from_spec(spec(64.0), SETTINGS)
+    current = plan(2, 1.0, 1, 1.0)
+    idle = [
+        dataclasses.replace(x, throughput=0.0)
+        for x in truth.samples(current, 0.0, SAMPLES_PER_ROUND, random.Random(0))
+    ]
+    decision = auto_scale(ctx, current, idle, 1000.0, SETTINGS)
+    assert decision.plan is None or decision.plan.total_cpu <= 2 * current.total_cpu
+
+
 def test_a_step_with_nothing_measured_before_it_is_not_judged() -> None:
     """A restarted job's first step has no baseline (0 samples/s): it stands, no crash."""
     truth = Truth()

@@ -168,15 +168,32 @@ def test_balanced_ps_oom_adds_ps_instead_of_memory() -> None:
 
 
 def test_memory_trend_relaunches_before_the_oom() -> None:
-    # worker 3 grows 200 MiB per 30 s sample: 3000 -> 3600 of 4096; the limit is reached in
-    # ~75 s, inside the next planning interval
-    leak = {"job-worker-3": lambda i: node("job-worker-3", mem=3000 + 200 * i)}
-    plan = decide(samples(S.oom_trend_samples, leak))
+    # worker 3 grows 200 MiB per 30 s sample: 2600 -> 3600 of 4096 (its first two training
+    # readings are its start-up, left out); the limit is reached in ~75 s, inside the next
+    # planning interval
+    leak = {"job-worker-3": lambda i: node("job-worker-3", mem=2600 + 200 * i)}
+    plan = decide(samples(S.oom_trend_samples + 2, leak))
     assert plan is not None
     (action,) = plan.actions
     assert action.kind == "relaunch" and action.node == "job-worker-3"
     assert action.memory_mb is not None and action.memory_mb > 4096
     assert "before it is OOM-killed" in action.reason
+
+
+def test_a_workers_start_up_growth_is_not_a_trend() -> None:
+    """A worker loading (no throughput yet) and in its first two batches of training grows its
+    memory fast, then levels off: no relaunch. (Measured on the Kubernetes backend: a resumed
+    run's workers, extrapolated over the cluster's 300 s horizon, were relaunched bigger and
+    bigger until nothing fit the quota.)"""
+
+    def warming(i: int) -> NodeSample:
+        mem = (500, 1200, 1900, 2600, 3000, 3010, 3012, 3013)[i]
+        return node("job-worker-3", mem=mem, speed=None if i < 2 else 1000.0)
+
+    assert decide(samples(8, {"job-worker-3": warming})) is None
+    # growth that goes on while it trains is a trend
+    leaky = {"job-worker-3": lambda i: node("job-worker-3", mem=500 + 700 * i)}
+    assert decide(samples(6, leaky)) is not None
 
 
 def test_flat_memory_is_left_alone() -> None:

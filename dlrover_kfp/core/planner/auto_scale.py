@@ -238,7 +238,9 @@ def auto_scale(
         headroom=s.idle_headroom,
     )
     memory, right_sized = memory_needs(ctx, current, samples, s)
-    upper, cpu_limit = trust_region(cur, max(o.config.total_cpu for o in observations), s)
+    # (No observation at all when every sample so far shows no progress: a resumed job.)
+    measured_cpu = max((o.config.total_cpu for o in observations), default=cur.total_cpu)
+    upper, cpu_limit = trust_region(cur, measured_cpu, s)
     try:
         target = search(
             model,
