@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dlrover_kfp.backends import ClusterBackend, PodPhase, PodSpec, PodStatus
+from dlrover_kfp.backends import ClusterBackend, PodPhase, PodSpec, PodStatus, PodUsage
 from dlrover_kfp.core.documents import to_dict, to_json
 from dlrover_kfp.core.plan import NodeGroup, Stage
 from dlrover_kfp.core.profile import (
@@ -242,6 +242,8 @@ class StaticRun:
         self._worker_last: dict[int, tuple[float, int]] = {}
         #: pods this master stops on purpose (an elastic run's resizes): not failures
         self._stopping: set[str] = set()
+        #: the last spec built for each pod name (what its self-reported usage is against)
+        self._launched: dict[str, PodSpec] = {}
 
         dataset = open_dataset(spec.data, spec.model, base_dir)  # bad data fails before pods
         self.dataset_rows = sum(dataset.source_rows)
@@ -269,7 +271,7 @@ class StaticRun:
         *,
         generation: int = 0,
     ) -> PodSpec:
-        return trainer_pod(
+        pod = trainer_pod(
             self.spec.name,
             self.run_id,
             self.secret,
@@ -280,6 +282,32 @@ class StaticRun:
             master,
             generation=generation,
         )
+        self._launched[pod.name] = pod
+        return pod
+
+    def _self_reported(self, state: MasterState, measured: set[str]) -> dict[str, PodUsage]:
+        """Usage of the pods the backend did not measure (a cluster without a metrics API),
+        from what each pod reports about itself (:func:`~dlrover_kfp.training.node.report_usage`);
+        only fresh reports (two sample intervals and a bit), from pods launched by this run."""
+        max_age = 2 * self.settings.sample_interval_s + 3.0
+        out = {}
+        for (role, index, generation), (cores, rss) in state.self_reported_usage(
+            self.clock(), max_age
+        ).items():
+            name = self._pod_name(role, index, generation)
+            pod = self._launched.get(name)
+            if name in measured or pod is None:
+                continue
+            out[name] = PodUsage(
+                name=name,
+                role=pod.role,
+                index=pod.index,
+                cpu_cores=cores,
+                memory_mb=rss,
+                cpu_requested=pod.cpu,
+                memory_requested_mb=pod.memory_mb,
+            )
+        return out
 
     def _failed(self, statuses: list[PodStatus]) -> PodStatus | None:
         """The first failed pod, leaving out the ones this master stopped on purpose."""
@@ -331,6 +359,7 @@ class StaticRun:
         rate = (samples - s0) / (t - t0) if t > t0 else 0.0
         loss = round((loss_sum - l0) / (samples - s0), 6) if samples > s0 else None
         usage = {u.name: u for u in self.backend.usage()}
+        usage |= self._self_reported(state, set(usage))
         with state.lock:
             per_worker = {name: st.samples for name, st in state.workers.items()}
         nodes = []

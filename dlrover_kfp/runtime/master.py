@@ -43,6 +43,7 @@ from dlrover_kfp.training.master_protocol import (
     REGISTER,
     REPORT,
     SWITCH,
+    USAGE,
 )
 from dlrover_kfp.training.wire import Message, PeerInfo
 
@@ -115,6 +116,26 @@ class MasterState:
     #: how long training stood still at worst (a PS switch, a restart)
     last_report_at: float | None = None
     longest_report_gap_s: float = 0.0
+    #: per pod (role, index, generation), its last two own usage reports: (master clock,
+    #: cumulative CPU seconds, resident MiB)
+    usage: dict[tuple[str, int, int], list[tuple[float, float, float]]] = field(
+        default_factory=dict
+    )
+
+    def self_reported_usage(
+        self, now: float, max_age_s: float
+    ) -> dict[tuple[str, int, int], tuple[float, float]]:
+        """(cores, resident MiB) of every pod that reported twice, its last report at most
+        ``max_age_s`` old: cores = (cpu₂ - cpu₁) / (t₂ - t₁) over its last two reports."""
+        out = {}
+        with self.lock:
+            for key, readings in self.usage.items():
+                if len(readings) < 2 or now - readings[-1][0] > max_age_s:
+                    continue
+                (t1, c1, _), (t2, c2, rss) = readings[-2], readings[-1]
+                if t2 > t1:
+                    out[key] = (max(0.0, (c2 - c1) / (t2 - t1)), rss)
+        return out
 
     def committed(self) -> dict[str, Any]:
         """What goes with a checkpoint (its ``extra``): the shard ledger and what each worker
@@ -280,10 +301,22 @@ class MasterService:
             reply[SWITCH] = pausing
         return Message("ok", reply, ())
 
+    def _usage(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
+        key = (str(meta["role"]), int(meta["index"]), int(meta.get("generation", 0)))
+        reading = (self.clock(), float(meta["cpu_seconds"]), float(meta["rss_mb"]))
+        with self.state.lock:
+            readings = self.state.usage.setdefault(key, [])
+            if readings and reading[1] < readings[-1][1]:
+                readings.clear()  # a new pod under the same name: its CPU time starts over
+            readings.append(reading)
+            del readings[:-2]
+        return Message("ok", {}, ())
+
     _handlers: ClassVar[dict[str, Callable[[MasterService, PeerInfo, dict[str, Any]], Message]]] = {
         REGISTER: _register,
         CONFIG: _config,
         GET_SHARD: _get_shard,
         REPORT: _report,
         READY: _ready,
+        USAGE: _usage,
     }

@@ -21,9 +21,14 @@ REPORT = "report"
 #: of generation ``g``: ``{"worker": name, "generation": g}`` (the answer to a ``switch``).
 READY = "ready"
 
+#: What a pod's processes used, as the pod measures itself (for clusters without a metrics
+#: API): ``{"role", "index", "generation", "cpu_seconds", "rss_mb"}``, CPU time cumulative
+#: since the process started, resident memory now, both over the pod's process tree.
+USAGE = "usage"
+
 #: In the answer to ``get_shard`` and ``report`` while the master changes the PS set (a live
 #: migration): ``{"switch": g}`` asks the worker to finish its step, wait for its pushes,
 #: report, send ``ready`` and fetch the configuration again (which names the new PS).
 SWITCH = "switch"
 
-__all__ = ["CONFIG", "GET_SHARD", "READY", "REGISTER", "REPORT", "SWITCH"]
+__all__ = ["CONFIG", "GET_SHARD", "READY", "REGISTER", "REPORT", "SWITCH", "USAGE"]

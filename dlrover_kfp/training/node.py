@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psutil  # type: ignore[import-untyped, unused-ignore]
 import torch
 
 from dlrover_kfp.core.documents import parse
@@ -41,6 +42,7 @@ from dlrover_kfp.training.master_protocol import (
     REGISTER,
     REPORT,
     SWITCH,
+    USAGE,
 )
 from dlrover_kfp.training.ps_client import RemotePs
 from dlrover_kfp.training.step import Routed, WorkerModel
@@ -403,6 +405,54 @@ def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generatio
     master.close()
 
 
+#: Seconds between a pod's reports of its own usage to the master.
+USAGE_INTERVAL_S = 2.0
+
+
+def own_usage() -> tuple[float, float]:
+    """(CPU seconds, resident MiB) of this process and its children: what the pod's cgroup
+    would account for, measured from inside it."""
+    me = psutil.Process()
+    cpu = me.cpu_times()
+    seconds = cpu.user + cpu.system + cpu.children_user + cpu.children_system
+    rss = me.memory_info().rss
+    for child in me.children(recursive=True):
+        try:
+            times = child.cpu_times()
+            seconds += times.user + times.system
+            rss += child.memory_info().rss
+        except psutil.Error:  # ended in between
+            continue
+    return seconds, rss / (1 << 20)
+
+
+def report_usage(
+    master_address: tuple[str, int],
+    secret: bytes,
+    role: str,
+    index: int,
+    generation: int,
+    interval_s: float = USAGE_INTERVAL_S,
+) -> None:
+    """Report this pod's usage to the master every ``interval_s``, on a connection of its own,
+    until the master goes away. A backend whose cluster has no metrics API (no metrics-server)
+    samples pods from these reports; where the backend measures pods itself they are unused."""
+    try:
+        conn = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
+    except Exception:  # no master to report to: the main thread will say so
+        return
+    try:
+        while True:
+            cpu_seconds, rss_mb = own_usage()
+            meta = {"role": role, "index": index, "generation": generation}
+            conn.request(USAGE, {**meta, "cpu_seconds": cpu_seconds, "rss_mb": rss_mb})
+            time.sleep(interval_s)
+    except Exception:  # the master closed or restarted: the pod's main thread handles that
+        return
+    finally:
+        conn.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m dlrover_kfp.training.node",
@@ -430,6 +480,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _set_threads(args.role)
     try:
         secret = secret_from_env()
+        threading.Thread(
+            target=report_usage,
+            args=(args.master, secret, args.role, args.index, args.generation),
+            name="usage",
+            daemon=True,
+        ).start()
         if args.role == "ps":
             run_ps(args.index, args.master, secret, args.generation)
         else:

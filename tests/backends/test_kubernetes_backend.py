@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -327,3 +330,77 @@ def test_python_is_this_interpreter_under_the_fake_kubelet() -> None:
     # The contract's pods run "python": the fake kubelet maps it to the interpreter with the
     # project installed, as an image would have it on its PATH.
     assert Path(sys.executable).exists()
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed here")
+def test_kubectl_lists_and_describes_the_jobs_pods(
+    api: FakeApiServer, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    config = api.write_kubeconfig(tmp_path / "kubectl-config", namespace=NAMESPACE)
+
+    def kubectl(*args: str) -> str:
+        done = subprocess.run(
+            ["kubectl", "--kubeconfig", str(config), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    with make_backend(api, tmp_path) as b:
+        b.launch(quick("test-worker-0", SLEEP_FOREVER))
+        b.launch(quick("test-worker-1", SLEEP_FOREVER, index=1))
+        for name in ("test-worker-0", "test-worker-1"):
+            wait_for(b, name, running, 20)
+        listed = kubectl("get", "pods", "-l", "job=test")
+        described = kubectl("describe", "pod", "test-worker-1")
+    rows = [line.split() for line in listed.splitlines()[1:]]
+    assert sorted((r[0], r[2]) for r in rows) == [
+        ("test-worker-0", "Running"),
+        ("test-worker-1", "Running"),
+    ]
+    assert "Status:" in described and "Running" in described
+    assert "index=1" in described and "role=worker" in described
+    assert "cpu:     500m" in described or "cpu: 500m" in described.replace("  ", " ")
+    assert SECRET not in listed + described
+
+
+class TestKubernetesBackendOnARealCluster(ClusterBackendContract):
+    """Opt-in (``pytest -m real_cluster``): the contract against the cluster ``KUBECONFIG``
+    names, in namespace ``DLROVER_KFP_TEST_NAMESPACE``, with pods of image
+    ``DLROVER_KFP_TEST_IMAGE`` (deploy/build.sh; it must have ``python``). Tests that need a
+    directory shared with the pods skip: a real cluster's pods do not see this machine's."""
+
+    pytestmark = pytest.mark.real_cluster
+    start_timeout_s = 180.0
+    oom_timeout_s = 60.0
+
+    @pytest.fixture
+    def backend(self, tmp_path: Path) -> Iterator[KubernetesBackend]:
+        missing = [
+            v
+            for v in ("KUBECONFIG", "DLROVER_KFP_TEST_NAMESPACE", "DLROVER_KFP_TEST_IMAGE")
+            if not os.environ.get(v)
+        ]
+        if missing:
+            pytest.skip(f"a real-cluster run needs {', '.join(missing)} set")
+        b = KubernetesBackend(
+            load_client(os.environ["KUBECONFIG"]),
+            KubernetesSettings(
+                namespace=os.environ["DLROVER_KFP_TEST_NAMESPACE"],
+                image=os.environ["DLROVER_KFP_TEST_IMAGE"],
+            ),
+            job="contract",
+        )
+        yield b
+        b.close()
+
+    @pytest.fixture
+    def python(self) -> tuple[str, ...]:
+        return ("python",)
+
+    @pytest.fixture
+    def shared_dir(self, tmp_path: Path) -> Path:
+        pytest.skip("a real cluster's pods do not share a directory with this machine")

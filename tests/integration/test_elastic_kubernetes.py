@@ -5,6 +5,7 @@ profile, as on the local backend (tests/integration/test_elastic_run.py)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -20,15 +21,17 @@ import pytest
 
 from dlrover_kfp.backends.k8s_objects import KubernetesSettings, RetryPolicy
 from dlrover_kfp.backends.kubernetes import KubernetesBackend, load_client
+from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.elastic import ElasticRun
 from dlrover_kfp.runtime.job import RunResult, RunSettings
+from dlrover_kfp.training.wire import secret_to_env
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.fakes.kubelet import FakeKubelet
 from tests.integration.test_elastic_run import PLANNER, QUIET, _spec, _trained_rows
-from tests.integration.test_master_restart import JOB, _expected_samples, _pods_of
+from tests.integration.test_master_restart import JOB, _pods_of
 
 NAMESPACE = "default"
 
@@ -104,7 +107,7 @@ def test_scale_up_ps_move_worker_sigkill_and_eviction_on_kubernetes(
     """From 1 worker x 0.25 + 1 PS x 0.25: Stage 2 grows the job (the PS count changes: the PS
     move live to new pods), then a worker is SIGKILLed and another evicted; every row once."""
     spec = _spec(
-        2_000_000, "{count: 1, cpu: 0.25, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
+        1_500_000, "{count: 1, cpu: 0.25, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
     )
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
     done: dict[str, str] = {}
@@ -155,13 +158,23 @@ def test_scale_up_ps_move_worker_sigkill_and_eviction_on_kubernetes(
 
 
 def test_an_oom_killed_worker_is_relaunched_bigger_on_kubernetes(
-    tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet]
+    tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """And the job secret is in no pod object, log line or profile: only in the Secret."""
+    caplog.set_level(logging.DEBUG)
     spec = _spec(
         200_000, "{count: 1, cpu: 0.5, memory: 128Mi}", "{count: 1, cpu: 0.5, memory: 2Gi}"
     )
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
-    result = _run(spec, tmp_path, cluster, settings, QUIET)
+    seen: dict[str, object] = {}
+
+    def watch_objects(run: ElasticRun, api: FakeApiServer, kubelet: FakeKubelet) -> None:
+        seen["secret"] = secret_to_env(run.secret)
+        _training(run, time.monotonic() + 120)
+        seen["pods"] = api.list_objects("pods", NAMESPACE)
+        seen["secrets"] = api.list_objects("secrets", NAMESPACE)
+
+    result = _run(spec, tmp_path, cluster, settings, QUIET, during=watch_objects)
     profile = result.profile
     assert result.succeeded, profile.outcome.reason
     assert profile.outcome.samples_processed == _trained_rows(spec, settings)
@@ -169,9 +182,14 @@ def test_an_oom_killed_worker_is_relaunched_bigger_on_kubernetes(
     assert ooms and ooms[0].node == "elastic-worker-0", profile.events
     relaunches = [e for e in profile.events if e.kind == "relaunch"]
     assert relaunches and "OOM-killed at 128Mi: relaunched with 512Mi" in relaunches[0].detail
-    # the new pod on the API server has the bigger limit
-    api, _ = cluster
-    del api
+    secret = str(seen["secret"])
+    (stored,) = seen["secrets"]  # type: ignore[misc]
+    assert secret in {base64.b64decode(v).decode() for v in stored["data"].values()}
+    assert seen["pods"] and secret not in json.dumps(seen["pods"])
+    assert secret not in (tmp_path / "out" / "profile.json").read_text()
+    assert secret not in caplog.text
+    logs = "".join(p.read_text() for p in (tmp_path / "kubelet").glob("*.log"))
+    assert logs and secret not in logs
 
 
 def test_a_run_rides_out_an_api_storm_a_throttle_and_an_expired_watch(
@@ -218,8 +236,10 @@ def test_a_run_rides_out_an_api_storm_a_throttle_and_an_expired_watch(
 def test_a_master_killed_on_kubernetes_resumes_with_the_same_command(
     tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet]
 ) -> None:
-    api, _kubelet = cluster
-    (tmp_path / "job.yaml").write_text(JOB)
+    api, _ = cluster
+    # half the local test's rows: the master is killed after its second checkpoint either way
+    job = JOB.replace("rows: 3000000", "rows: 1500000")
+    (tmp_path / "job.yaml").write_text(job)
     out = tmp_path / "out"
     config = api.write_kubeconfig(tmp_path / "kubeconfig")
     argv = [sys.executable, "-m", "dlrover_kfp.cli.main", "run", "--job", "job.yaml"]
@@ -263,10 +283,34 @@ def test_a_master_killed_on_kubernetes_resumes_with_the_same_command(
     summary = json.loads(again.stdout)
     assert summary["run_id"] == run_file["run_id"]
     assert summary["outcome"]["status"] == "succeeded"
-    assert summary["outcome"]["samples_processed"] == _expected_samples()
+    expected = parse(JobSpec, load_text(job, "test"), "test")
+    assert summary["outcome"]["samples_processed"] == _trained_rows(expected, RunSettings())
     profile = json.loads((out / "profile.json").read_text())
     restarts = [e for e in profile["events"] if e["detail"].startswith("master restarted")]
     assert len(restarts) == 1, profile["events"]
     # the new master replaced the old master's finished pod objects, and cleaned up at the end
     assert api.list_objects("pods", NAMESPACE) == []
     assert api.list_objects("secrets", NAMESPACE) == []
+
+
+def test_without_a_metrics_api_the_pods_report_their_own_usage(
+    tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet]
+) -> None:
+    """No metrics-server: the profile's per-pod CPU and memory come from what each pod
+    measures of itself and reports to the master, and they agree with the pods' limits."""
+    api, _ = cluster
+    api.serve_metrics = False
+    spec = _spec(400_000, "{count: 1, cpu: 0.5, memory: 2Gi}", "{count: 1, cpu: 0.5, memory: 2Gi}")
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    result = _run(spec, tmp_path, cluster, settings, QUIET)
+    profile = result.profile
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    training = [s for s in profile.samples if s.throughput > 0]
+    workers = [n for s in training for n in s.nodes if n.role == "worker"]
+    ps = [n for s in training for n in s.nodes if n.role == "ps"]
+    assert workers and ps, "no self-reported usage in the profile"
+    # a busy worker held to half a core by its CFS quota uses about that (never much more)
+    assert 0.2 < max(n.cpu_used for n in workers) <= 0.5 * 1.15, workers
+    assert all(100 < n.memory_used_mb < 2048 for n in workers + ps)
+    assert all(n.cpu_requested == 0.5 and n.memory_requested_mb == 2048 for n in workers + ps)

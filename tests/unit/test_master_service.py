@@ -16,6 +16,7 @@ from dlrover_kfp.training.master_protocol import (
     REGISTER,
     REPORT,
     SWITCH,
+    USAGE,
 )
 from dlrover_kfp.training.wire import (
     Message,
@@ -286,3 +287,30 @@ def test_a_ps_switch_pauses_workers_and_hands_them_the_new_ps() -> None:
     assert reply.meta["generation"] == 1
     assert state.configured == {"worker-0": 1}
     assert get_shard(service, w0, "worker-0")["shard"] is not None
+
+
+def test_self_reported_usage_is_cpu_time_over_wall_time_of_the_last_two_reports() -> None:
+    service, clock = make_service()
+    peer = PeerInfo(1, ("h", 1))
+    state = service.state
+
+    def usage(role: str, index: int, cpu: float, rss: float, generation: int = 0) -> None:
+        call(service, peer, USAGE, role=role, index=index, generation=generation,
+             cpu_seconds=cpu, rss_mb=rss)  # fmt: skip
+
+    usage("worker", 0, 10.0, 300.0)
+    assert state.self_reported_usage(clock.now, max_age_s=5.0) == {}  # one report: no rate
+    clock.now = 2.0
+    usage("worker", 0, 11.0, 310.0)  # 1 CPU second in 2 s: half a core
+    usage("ps", 0, 5.0, 900.0, generation=1)
+    assert state.self_reported_usage(clock.now, 5.0) == {("worker", 0, 0): (0.5, 310.0)}
+    clock.now = 4.0
+    usage("worker", 0, 13.0, 320.0)  # the last two only: 2 s in 2 s
+    assert state.self_reported_usage(clock.now, 5.0)[("worker", 0, 0)] == (1.0, 320.0)
+    # a new pod of the same name starts its CPU time over: no negative rate, one reading
+    clock.now = 6.0
+    usage("worker", 0, 0.5, 200.0)
+    assert ("worker", 0, 0) not in state.self_reported_usage(clock.now, 5.0)
+    # a pod that stopped reporting is not reported for ever
+    clock.now = 20.0
+    assert state.self_reported_usage(clock.now, 5.0) == {}
