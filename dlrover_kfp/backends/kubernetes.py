@@ -27,6 +27,7 @@ The only module of the project that imports ``kubernetes`` (the official client,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -48,6 +49,7 @@ from dlrover_kfp.backends.api import (
     BackendError,
     PodExistsError,
     PodPhase,
+    PodReason,
     PodSpec,
     PodStatus,
     PodUsage,
@@ -614,14 +616,8 @@ class KubernetesBackend:
             st = self._status[name]
             if st.phase.terminal:
                 return
-            self._status[name] = PodStatus(
-                name=name,
-                role=st.role,
-                index=st.index,
-                phase=PodPhase.FAILED,
-                reason="Deleted",
-                started_at=st.started_at,
-                finished_at=time.time(),
+            self._status[name] = dataclasses.replace(
+                st, phase=PodPhase.FAILED, reason=PodReason.DELETED.value, finished_at=time.time()
             )
             self._lock.notify_all()
 
@@ -667,16 +663,7 @@ class KubernetesBackend:
             if name in self._deleted and new.phase.terminal:
                 new = pod_status(obj, gone=True, deleted_by_us=True)
             if new.finished_at is None and new.phase.terminal:
-                new = PodStatus(
-                    name=new.name,
-                    role=new.role,
-                    index=new.index,
-                    phase=new.phase,
-                    exit_code=new.exit_code,
-                    reason=new.reason,
-                    started_at=new.started_at,
-                    finished_at=time.time(),
-                )
+                new = dataclasses.replace(new, finished_at=time.time())
             if known.phase.terminal and not new.phase.terminal:
                 return  # phases only go forward; an older object's late event
             self._status[name] = new

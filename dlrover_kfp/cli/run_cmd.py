@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from pathlib import Path
@@ -170,30 +171,19 @@ def _run(args: argparse.Namespace) -> int:
             settings = dataclasses.replace(settings, master_host=host, python="python")
             return _dry_run(spec, opts, settings, url, args.static)
         settings = dataclasses.replace(settings, master_host=master_host(opts), python="python")
-        unwind_on_sigterm()
-        result = run_kubernetes(
-            spec,
-            opts,
-            output_dir=output,
-            base_dir=job_path.resolve().parent,
-            settings=settings,
-            progress=progress,
-            history_url=url,
-            static=args.static,
-            resume=True,
-        )
+        run = functools.partial(run_kubernetes, spec, opts)
     else:
-        unwind_on_sigterm()
-        result = run_local(
-            spec,
-            output_dir=output,
-            base_dir=job_path.resolve().parent,
-            settings=settings,
-            progress=progress,
-            history_url=url,
-            static=args.static,
-            resume=True,
-        )
+        run = functools.partial(run_local, spec)
+    unwind_on_sigterm()
+    result = run(
+        output_dir=output,
+        base_dir=job_path.resolve().parent,
+        settings=settings,
+        progress=progress,
+        history_url=url,
+        static=args.static,
+        resume=True,
+    )
     profile = result.profile
     summary = {
         "run_id": profile.run_id,

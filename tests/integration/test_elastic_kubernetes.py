@@ -31,7 +31,7 @@ from dlrover_kfp.training.wire import secret_to_env
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.fakes.kubelet import FakeKubelet
 from tests.integration.test_elastic_run import PLANNER, QUIET, _spec, _trained_rows
-from tests.integration.test_master_restart import JOB, _pods_of
+from tests.integration.test_master_restart import JOB, _pods_of, kill_after_two_checkpoints
 
 NAMESPACE = "default"
 
@@ -247,29 +247,10 @@ def test_a_master_killed_on_kubernetes_resumes_with_the_same_command(
     argv += ["--backend", "kubernetes", "--namespace", NAMESPACE, "--image", "dlrover-kfp:test"]
     argv += ["--kubeconfig", str(config), "--master-host", "127.0.0.1"]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    first = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    try:
-        deadline = time.monotonic() + 180
-        committed: list[Path] = []
-        while time.monotonic() < deadline and first.poll() is None:
-            committed = [p for p in (out / "checkpoints").glob("step-*") if p.suffix != ".tmp"]
-            if len(committed) >= 2:
-                break
-            time.sleep(0.1)
-        assert first.poll() is None, first.communicate()[1].decode()[-3000:]
-        assert committed, "no checkpoint was committed in time"
-        time.sleep(1.0)
-        run_file = json.loads((out / "run.json").read_text())
-        pod = api.get_object("pods", NAMESPACE, "restart-ps-0")
-        assert pod is not None
-        port = int(pod["spec"]["containers"][0]["command"][-1].rsplit(":", 1)[1])
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
-    finally:
-        if first.poll() is None:
-            first.kill()
+    run_file = kill_after_two_checkpoints(argv, tmp_path, env, out)
+    pod = api.get_object("pods", NAMESPACE, "restart-ps-0")
+    assert pod is not None
+    port = int(pod["spec"]["containers"][0]["command"][-1].rsplit(":", 1)[1])
     deadline = time.monotonic() + 30
     while _pods_of(port) and time.monotonic() < deadline:
         time.sleep(0.1)

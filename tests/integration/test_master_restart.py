@@ -68,19 +68,12 @@ def _pods_of(master_port: int) -> list[int]:
     return pids
 
 
-def test_a_master_killed_and_started_again_resumes_and_counts_every_sample_once(
-    tmp_path: Path,
-) -> None:
-    if not Path("/proc/self/cmdline").exists():
-        pytest.skip("finds the pods' processes in /proc (Linux)")
-    (tmp_path / "job.yaml").write_text(JOB)
-    out = tmp_path / "out"
-    argv = [sys.executable, "-m", "dlrover_kfp.cli.main", "run", "--job", "job.yaml"]
-    argv += ["--output-dir", "out", "--checkpoint-interval", "2", "--sample-interval", "1"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    first = subprocess.Popen(
-        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+def kill_after_two_checkpoints(
+    argv: list[str], cwd: Path, env: dict[str, str], out: Path
+) -> dict[str, object]:
+    """Start ``argv`` (a ``dlrover-kfp run``), SIGKILL it a second after its second committed
+    checkpoint (so that some shards are done after it), and return its ``run.json``."""
+    first = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 180
         committed: list[Path] = []
@@ -92,12 +85,26 @@ def test_a_master_killed_and_started_again_resumes_and_counts_every_sample_once(
         assert first.poll() is None, first.communicate()[1].decode()[-3000:]
         assert committed, "no checkpoint was committed in time"
         time.sleep(1.0)  # shards done after the last checkpoint: to be taken back
-        run_file = json.loads((out / "run.json").read_text())
+        run_file: dict[str, object] = json.loads((out / "run.json").read_text())
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
     finally:
         if first.poll() is None:
             first.kill()
+    return run_file
+
+
+def test_a_master_killed_and_started_again_resumes_and_counts_every_sample_once(
+    tmp_path: Path,
+) -> None:
+    if not Path("/proc/self/cmdline").exists():
+        pytest.skip("finds the pods' processes in /proc (Linux)")
+    (tmp_path / "job.yaml").write_text(JOB)
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "dlrover_kfp.cli.main", "run", "--job", "job.yaml"]
+    argv += ["--output-dir", "out", "--checkpoint-interval", "2", "--sample-interval", "1"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    run_file = kill_after_two_checkpoints(argv, tmp_path, env, out)
     # The master's address, from the pods' launch lines in their logs.
     launch = (out / "logs" / "restart-ps-0.log").read_text()
     port = int(re.search(r"127\.0\.0\.1:(\d+)", launch).group(1))  # type: ignore[union-attr]
