@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from dlrover_kfp.backends import PodPhase, PodSpec, PodStatus
-from dlrover_kfp.backends.k8s_objects import KubernetesSettings, RetryPolicy
+from dlrover_kfp.backends.k8s_objects import KubernetesSettings, OwnerRef, RetryPolicy
 from dlrover_kfp.backends.kubernetes import (
     KubernetesApiError,
     KubernetesBackend,
@@ -173,6 +173,40 @@ def test_permanent_errors_carry_the_api_message_at_once(api: FakeApiServer, tmp_
         assert info.value.status == 403
         assert "pods" in str(info.value) and "test-worker-0" in str(info.value)
         assert b.statuses() == []  # nothing recorded for a pod that was never created
+        api.allow("create", "pods")
+        api.fail(1, code=422, verb="create", resource="pods", message="spec: Required value")
+        with pytest.raises(KubernetesApiError, match=r"422 .*spec: Required value"):
+            b.launch(quick("test-worker-1", "print('ok')", index=1))
+
+
+def test_deleting_the_master_pod_deletes_its_job(
+    api: FakeApiServer, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """In the cluster the master's own pod owns the job's pods and Secret: Kubernetes' garbage
+    collector deletes them with it, even when the master had no chance to clean up."""
+    master = api.create_object(
+        "pods",
+        {
+            "metadata": {"name": "master", "namespace": NAMESPACE},
+            "spec": {"containers": [{"name": "master", "image": "dlrover-kfp:test"}]},
+        },
+        NAMESPACE,
+    )
+    owner = OwnerRef(name="master", uid=master["metadata"]["uid"])
+    with make_backend(api, tmp_path, owner=owner) as b:
+        b.launch(quick("test-worker-0", SLEEP_FOREVER))
+        wait_for(b, "test-worker-0", running, 20)
+        assert api.list_objects("secrets", NAMESPACE)
+        from kubernetes import client as k8s  # noqa: PLC0415
+
+        other = k8s.CoreV1Api(load_client(str(api.write_kubeconfig(tmp_path / "admin"))))
+        other.delete_namespaced_pod("master", NAMESPACE, grace_period_seconds=0)
+        st = wait_for(b, "test-worker-0", terminal, 20)
+        assert (st.phase, st.reason) == (PodPhase.FAILED, "Deleted")
+        deadline = time.monotonic() + 10
+        while api.list_objects("secrets", NAMESPACE) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert api.list_objects("secrets", NAMESPACE) == []
 
 
 def test_a_watch_that_expires_relists_and_misses_no_end(
@@ -197,11 +231,7 @@ def test_an_oom_kill_reaches_the_backend_within_a_second(
         st = wait_for(b, "test-worker-0", terminal, 20)
         seen = time.monotonic()
     assert (st.reason, st.exit_code) == ("OOMKilled", 137)
-    written = next(
-        w.at
-        for w in kubelet.status_writes
-        if w.name == "test-worker-0" and w.phase in ("Failed", "Succeeded")
-    )
+    written = kubelet.status_write("test-worker-0", ("Failed", "Succeeded")).at
     latency = seen - written
     print(f"\nOOMKilled: kubelet wrote it, the backend saw it {latency * 1000:.0f} ms later")
     assert latency < 1.0

@@ -312,6 +312,23 @@ class FakeKubelet:
 
     # -- public helpers ----------------------------------------------------------------------
 
+    def status_write(
+        self, name: str, phases: tuple[str, ...], timeout_s: float = 5.0
+    ) -> StatusWrite:
+        """The first status written for pod ``name`` with one of ``phases``, waiting for it:
+        a write is recorded once the API answered it, which a watcher may see first."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                found = next(
+                    (w for w in self.status_writes if w.name == name and w.phase in phases), None
+                )
+            if found is not None:
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {phases} status written for {name} in {timeout_s}s")
+            time.sleep(0.01)
+
     def log_path(self, name: str, namespace: str = "default") -> Path | None:
         pod = self._find(name, namespace)
         return self.backend.log_path(pod.local_name) if pod and pod.local_name else None

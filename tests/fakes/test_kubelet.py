@@ -242,7 +242,8 @@ def test_over_its_memory_limit_is_oom_killed_and_seen_quickly(cluster: Cluster) 
         "OOMKilled",
         137,
     )
-    [write] = [w for w in cluster.kubelet.status_writes if w.reason == "OOMKilled"]
+    write = cluster.kubelet.status_write("ps-0", ("Failed",))
+    assert write.reason == "OOMKilled"
     [seen_at] = [
         at
         for at, _, obj in events.events

@@ -237,8 +237,7 @@ def test_a_master_killed_on_kubernetes_resumes_with_the_same_command(
     tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet]
 ) -> None:
     api, _ = cluster
-    # half the local test's rows: the master is killed after its second checkpoint either way
-    job = JOB.replace("rows: 3000000", "rows: 1500000")
+    job = JOB
     (tmp_path / "job.yaml").write_text(job)
     out = tmp_path / "out"
     config = api.write_kubeconfig(tmp_path / "kubeconfig")

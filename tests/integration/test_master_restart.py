@@ -30,7 +30,7 @@ model:
   table_sizes: [1000, 50, 7, 3000, 20000, 500]
   bottom_mlp: [32, 16, 8]
   top_mlp: [32, 1]
-data: {format: synthetic, rows: 3000000, seed: 5}
+data: {format: synthetic, rows: 1500000, seed: 5}
 training: {batch_size: 512, learning_rate: 0.05}
 resources:
   limits: {cpu: 2, memory: 12Gi}
