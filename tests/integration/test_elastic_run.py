@@ -95,7 +95,7 @@ def _run(
 
 def test_an_under_provisioned_job_is_scaled_up_and_trains_every_row_once(tmp_path: Path) -> None:
     spec = _spec(
-        2_000_000, "{count: 1, cpu: 0.25, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
+        1_500_000, "{count: 1, cpu: 0.25, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
     )
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
     result = _run(spec, tmp_path, settings)
