@@ -63,6 +63,7 @@ def train(tmp_path: Path, *, synchronous: bool) -> JobProfile:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 23 s: the suite's 10 minutes are spent on the elastic scenarios
 def test_asynchronous_training_ends_within_tolerance_of_synchronous(tmp_path: Path) -> None:
     sync = train(tmp_path, synchronous=True)
     asyn = train(tmp_path, synchronous=False)
