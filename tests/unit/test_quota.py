@@ -13,6 +13,7 @@ from dlrover_kfp.core.plan import NodeGroup
 from dlrover_kfp.core.planner import InfeasiblePlanError, PlannerSettings
 from dlrover_kfp.core.planner.context import PlanningContext
 from dlrover_kfp.core.planner.quota import fit_to_quota, require_quota_fit
+from dlrover_kfp.core.planner.settings import NodeLimits
 
 NODE = PlannerSettings().node
 
@@ -21,7 +22,9 @@ def _g(count: int, cpu: float, memory_mb: int) -> NodeGroup:
     return NodeGroup(count=count, cpu=cpu, memory_mb=memory_mb)
 
 
-def _ctx(cpu: float, memory_mb: int = 256 * 1024, **bounds: int) -> PlanningContext:
+def _ctx(
+    cpu: float, memory_mb: int = 256 * 1024, node: NodeLimits = NODE, **bounds: int
+) -> PlanningContext:
     return PlanningContext(
         quota_cpu=cpu,
         quota_memory_mb=memory_mb,
@@ -33,7 +36,7 @@ def _ctx(cpu: float, memory_mb: int = 256 * 1024, **bounds: int) -> PlanningCont
         worker_memory_floor_mb=1024,
         ps_state_mb=2048,
         dataset_rows=None,
-        node=NODE,
+        node=node,
     )
 
 
@@ -45,7 +48,7 @@ def test_a_plan_within_the_quota_is_unchanged() -> None:
 
 
 def test_workers_are_given_up_first() -> None:
-    fitted = fit_to_quota(_g(8, 2.0, 4096), _g(2, 2.0, 4096), _ctx(12))
+    fitted = fit_to_quota(_g(8, 2.0, 4096), _g(2, 2.0, 4096), _ctx(12), max_trim=0.0)
     assert (fitted.workers.count, fitted.workers.cpu, fitted.ps) == (
         4,
         2.0,
@@ -53,6 +56,21 @@ def test_workers_are_given_up_first() -> None:
     )
     assert fitted.workers_given_up == 4 and not fitted.cpu_cut
     assert "4 worker(s) given up" in fitted.note()
+
+
+def test_a_small_cpu_trim_is_taken_instead_of_a_worker() -> None:
+    # 2 x 1 + 2 x 0.25 = 2.5 under 2 (a quickstart round's warm start): giving up a worker
+    # would leave 0.5 of the 2 cores idle; trimming 20% keeps both workers at 0.75.
+    fitted = fit_to_quota(
+        _g(2, 1.0, 4096), _g(2, 0.25, 4096), _ctx(2, node=NodeLimits(min_cpu=0.25, cpu_step=0.25))
+    )
+    assert (fitted.workers.count, fitted.workers.cpu, fitted.ps.cpu) == (2, 0.75, 0.25)
+    assert fitted.fits and fitted.workers_given_up == 0 and fitted.cpu_cut
+    # 8 x 2 + 2 x 2 = 20 under 12 needs 40%: more than a trim, so workers go first (to 6,
+    # where a 25% trim fits: 6 x 1.5 + 2 x 1.5 = 12)
+    fitted = fit_to_quota(_g(8, 2.0, 4096), _g(2, 2.0, 4096), _ctx(12))
+    assert (fitted.workers.count, fitted.workers.cpu, fitted.ps.cpu) == (6, 1.5, 1.5)
+    assert fitted.workers_given_up == 2 and fitted.fits
 
 
 def test_then_cpu_shrinks_in_proportion_then_by_steps() -> None:

@@ -325,7 +325,7 @@ def _make_room(
     """Fit the grown plan into the quota (``quota.fit_to_quota``: workers first, then CPU;
     a running job's PS are not dropped to make room). When even that is above the quota, the
     PS growth is capped to the room left."""
-    fitted = fit_to_quota(workers, ps, ctx, drop_ps=False)
+    fitted = fit_to_quota(workers, ps, ctx, drop_ps=False, max_trim=0.0)
     workers, ps = fitted.workers, fitted.ps
     note = f"; {fitted.note()}" if fitted.cut else ""
     if not fitted.fits:
