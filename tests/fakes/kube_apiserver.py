@@ -1695,8 +1695,8 @@ class FakeApiServer:
         token: str | None = None,
     ) -> Path:
         """A kubeconfig for this server that the official client and kubectl accept. The
-        bearer token is ``token``, else the server's own, else a placeholder (accepted when
-        the server requires none). JSON, which is valid YAML."""
+        bearer token is ``token``, else the server's own, else the fixed ``fake-token``
+        (accepted when the server requires none). JSON, which is valid YAML."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",

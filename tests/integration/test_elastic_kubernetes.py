@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -32,7 +31,11 @@ from dlrover_kfp.training.wire import secret_to_env
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.fakes.kubelet import FakeKubelet
 from tests.integration.test_elastic_run import PLANNER, QUIET, _spec, _trained_rows
-from tests.integration.test_master_restart import JOB, _pods_of, kill_after_two_checkpoints
+from tests.integration.test_master_restart import (
+    JOB,
+    kill_after_two_checkpoints,
+    resume_after_the_pods_stop,
+)
 
 NAMESPACE = "default"
 
@@ -80,16 +83,12 @@ def _run(
             planner=planner,
             output_dir=tmp_path / "out",
             base_dir=tmp_path,
-            settings=dataclasses_replace(settings, python="python"),
+            settings=dataclasses.replace(settings, python="python"),
             progress=lambda line: None,
         )
         if during is not None:
             threading.Thread(target=during, args=(run, api, kubelet), daemon=True).start()
         return run.run()
-
-
-def dataclasses_replace(settings: RunSettings, **changes: object) -> RunSettings:
-    return dataclasses.replace(settings, **changes)  # type: ignore[arg-type]
 
 
 def _training(run: ElasticRun, deadline: float) -> None:
@@ -241,8 +240,7 @@ def test_a_master_killed_on_kubernetes_resumes_with_the_same_command(
     tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet]
 ) -> None:
     api, _ = cluster
-    job = JOB
-    (tmp_path / "job.yaml").write_text(job)
+    (tmp_path / "job.yaml").write_text(JOB)
     out = tmp_path / "out"
     config = api.write_kubeconfig(tmp_path / "kubeconfig")
     argv = [sys.executable, "-m", "dlrover_kfp.cli.main", "run", "--job", "job.yaml"]
@@ -254,24 +252,8 @@ def test_a_master_killed_on_kubernetes_resumes_with_the_same_command(
     pod = api.get_object("pods", NAMESPACE, "restart-ps-0")
     assert pod is not None
     port = int(pod["spec"]["containers"][0]["command"][-1].rsplit(":", 1)[1])
-    deadline = time.monotonic() + 30
-    while _pods_of(port) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _pods_of(port), "the killed master's pods kept running"
-
-    again = subprocess.run(
-        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from the checkpoint of step" in again.stderr
-    summary = json.loads(again.stdout)
-    assert summary["run_id"] == run_file["run_id"]
-    assert summary["outcome"]["status"] == "succeeded"
-    expected = parse(JobSpec, load_text(job, "test"), "test")
-    assert summary["outcome"]["samples_processed"] == _trained_rows(expected, RunSettings())
-    profile = json.loads((out / "profile.json").read_text())
-    restarts = [e for e in profile["events"] if e["detail"].startswith("master restarted")]
-    assert len(restarts) == 1, profile["events"]
+    expected = _trained_rows(parse(JobSpec, load_text(JOB, "test"), "test"), RunSettings())
+    resume_after_the_pods_stop(argv, tmp_path, env, port, run_file, expected)
     # the new master replaced the old master's finished pod objects, and cleaned up at the end
     assert api.list_objects("pods", NAMESPACE) == []
     assert api.list_objects("secrets", NAMESPACE) == []

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -94,6 +95,38 @@ def kill_after_two_checkpoints(
     return run_file
 
 
+def resume_after_the_pods_stop(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    port: int,
+    run_file: dict[str, object],
+    expected_samples: int,
+) -> dict[str, Any]:
+    """Wait for the killed master's pods to stop (the workers lose it at their next request,
+    the PS notice its connection close), run the same command again, and check that it
+    resumed the same run and counted every sample once over both masters (the shards done
+    after the checkpoint were taken back with it and trained again). Returns the profile."""
+    deadline = time.monotonic() + 30
+    while _pods_of(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _pods_of(port), "the killed master's pods kept running"
+    again = subprocess.run(
+        argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from the checkpoint of step" in again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["run_id"] == run_file["run_id"]
+    assert summary["outcome"]["status"] == "succeeded"
+    assert summary["outcome"]["samples_processed"] == expected_samples
+    assert 0.6 < summary["metrics"]["auc"] <= 1.0
+    profile: dict[str, Any] = json.loads((cwd / "out" / "profile.json").read_text())
+    restarts = [e for e in profile["events"] if e["detail"].startswith("master restarted")]
+    assert len(restarts) == 1, profile["events"]
+    return profile
+
+
 def test_a_master_killed_and_started_again_resumes_and_counts_every_sample_once(
     tmp_path: Path,
 ) -> None:
@@ -108,29 +141,9 @@ def test_a_master_killed_and_started_again_resumes_and_counts_every_sample_once(
     # The master's address, from the pods' launch lines in their logs.
     launch = (out / "logs" / "restart-ps-0.log").read_text()
     port = int(re.search(r"127\.0\.0\.1:(\d+)", launch).group(1))  # type: ignore[union-attr]
-    # Its pods do not outlive it for long: the workers lose it at their next request, the PS
-    # notice its connection close.
-    deadline = time.monotonic() + 30
-    while _pods_of(port) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _pods_of(port), "the killed master's pods kept running"
-
-    again = subprocess.run(
-        argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resuming from the checkpoint of step" in again.stderr
-    summary = json.loads(again.stdout)
-    assert summary["run_id"] == run_file["run_id"]
-    assert summary["outcome"]["status"] == "succeeded"
-    # Every sample exactly once over both masters: the shards done after the checkpoint were
-    # taken back with it and trained again.
-    assert summary["outcome"]["samples_processed"] == _expected_samples()
-    profile = json.loads((out / "profile.json").read_text())
-    restarts = [e for e in profile["events"] if e["detail"].startswith("master restarted")]
-    assert len(restarts) == 1, profile["events"]
+    profile = resume_after_the_pods_stop(argv, tmp_path, env, port, run_file, _expected_samples())
     # The timeline before the crash came back with the checkpoint.
+    restart = next(e for e in profile["events"] if e["detail"].startswith("master restarted"))
     assert profile["plans"][0]["time"] == 0.0
-    assert profile["outcome"]["jct_seconds"] > restarts[0]["time"]
-    assert 0.6 < summary["metrics"]["auc"] <= 1.0
+    assert profile["outcome"]["jct_seconds"] > restart["time"]
     assert not (out / "run.json").exists()

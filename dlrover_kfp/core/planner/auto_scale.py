@@ -225,7 +225,8 @@ def auto_scale(
                 kind="rollback",
             )
 
-    observations = (*known, *observations_from_samples(samples, ctx.batch_size))
+    own_observations = observations_from_samples(samples, ctx.batch_size)
+    observations = (*known, *own_observations)
     worker_cap, ps_cap = cpu_saturation(observations, s.min_gain / 2)
     model = fit(
         capped_observations(observations, worker_cap, ps_cap), prior, settings=settings.model_fit
@@ -266,7 +267,7 @@ def auto_scale(
     x_cur = predict(cur)
     gain = predict(target.config) / x_cur
     # A target this run has measured is judged by its measurement, not by the fit.
-    own = {o.config: o.throughput for o in observations_from_samples(samples, ctx.batch_size)}
+    own = {o.config: o.throughput for o in own_observations}
     if target.config in own and cur in own and target.config != cur:
         gain = own[target.config] / own[cur]
     cur_cost = ctx.dominant_share(current.total_cpu, current.total_memory_mb)
