@@ -28,7 +28,8 @@ from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime.elastic import ElasticRun, local_planner_settings
+from dlrover_kfp.planning import local_planner_settings
+from dlrover_kfp.runtime.elastic import ElasticRun
 from dlrover_kfp.runtime.job import RunSettings, StaticRun
 
 

@@ -41,7 +41,8 @@ from pathlib import Path
 
 from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.core.planner import PlannerSettings
-from dlrover_kfp.runtime.elastic import ElasticRun, Migration, local_planner_settings
+from dlrover_kfp.planning import local_planner_settings
+from dlrover_kfp.runtime.elastic import ElasticRun, Migration
 from dlrover_kfp.runtime.job import RunSettings
 from dlrover_kfp.training.data import open_dataset, split_ranges
 

@@ -1,17 +1,26 @@
 """Plan a job before it starts: the one function the CLI, KFP components and Airflow call.
 
 It queries the history for similar jobs (I/O, through the injected store) and hands them to the
-pure warm-start planner; everything it needs comes in as arguments.
+pure warm-start planner; everything it needs comes in as arguments. No trainer is imported
+here: a pipeline's plan step runs in a pod of its own and starts in a fraction of a second.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import logging
 
 from dlrover_kfp.core.observation import Observation
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings, context_from_spec, warm_start
 from dlrover_kfp.core.planner.warm_start import DAY_S
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.ports import Clock, HistoryStore, SimilarityQuery
+from dlrover_kfp.core.summary import summarize
+from dlrover_kfp.errors import NotFoundError
+from dlrover_kfp.history import open_history
+from dlrover_kfp.ports import Clock, HistoryStore, SimilarityQuery, SystemClock
+
+log = logging.getLogger(__name__)
 
 #: The store returns this many times ``max_jobs`` candidates, newest first, so that the planner
 #: still finds enough after dropping jobs of another scale or without usage.
@@ -57,3 +66,56 @@ def plan_job_with_history(
     used = set(plan.similar_jobs)
     known = [o for job in candidates if job.run_id in used for o in job.observations]
     return plan, known
+
+
+def local_planner_settings() -> PlannerSettings:
+    """The planner's settings for pods that are processes on one machine.
+
+    The defaults are a cluster's (half-core steps, a decision every 5 minutes). A machine's
+    quota is a few cores and a job a few minutes, so pods come in quarter cores, memory from
+    512 MiB, and Stage 2 decides every 10 s once it has 3 samples at the current shape.
+    """
+    defaults = PlannerSettings()
+    return dataclasses.replace(
+        defaults,
+        node=dataclasses.replace(defaults.node, min_cpu=0.25, cpu_step=0.25, min_memory_mb=512),
+        auto_scale=dataclasses.replace(defaults.auto_scale, min_interval_s=10.0, min_samples=3),
+        # Stage 3 looks one planning interval ahead for a memory trend.
+        post_scale=dataclasses.replace(defaults.post_scale, oom_horizon_s=10.0),
+    )
+
+
+def plan_start(
+    spec: JobSpec, history_url: str | None, settings: PlannerSettings
+) -> tuple[ResourcePlan, list[Observation]]:
+    """Stage 1's plan from the history at ``history_url`` (a cold start without one), and the
+    similar jobs' measurements. The store is open only for the query."""
+    if history_url is None:
+        return plan_job_with_history(spec, None, SystemClock(), settings)
+    store = open_history(history_url)
+    try:
+        return plan_job_with_history(spec, store, SystemClock(), settings)
+    finally:
+        store.close()
+
+
+def known_points(history_url: str | None, plan: ResourcePlan) -> list[Observation]:
+    """The measured observations of the similar jobs ``plan`` was drawn from.
+
+    A plan made earlier (a pipeline's plan step, ``dlrover-kfp plan``) names its similar jobs;
+    Stage 2 takes their measurements as known points, as it does when it plans the start
+    itself. A job the history no longer has is skipped.
+    """
+    if history_url is None or not plan.similar_jobs:
+        return []
+    store = open_history(history_url)
+    try:
+        known: list[Observation] = []
+        for run_id in plan.similar_jobs:
+            try:
+                known.extend(summarize(store.get(run_id)).observations)
+            except NotFoundError:
+                log.warning("history: the plan's similar job %s is gone; skipped", run_id)
+        return known
+    finally:
+        store.close()

@@ -24,7 +24,7 @@ from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.plan import NodeGroup, Stage
 from dlrover_kfp.core.profile import AppliedPlan, JobProfile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime.job import RunResult, RunSettings
+from dlrover_kfp.runtime.job import Meter, RunResult, RunSettings
 from dlrover_kfp.runtime.launch import run_local
 from dlrover_kfp.training.data import open_dataset, split_ranges
 
@@ -142,8 +142,22 @@ def _clear_run_outputs(run_dir: Path) -> None:
             path.unlink()
 
 
-def _tagged(progress: Callable[[str], None], tag: str) -> Callable[[str], None]:
-    return lambda line: progress(tag + line)
+class _Tagged:
+    """Every line of a round starts with its tag; a bar (a :class:`Meter`) still advances."""
+
+    def __init__(self, progress: Callable[[str], None], tag: str) -> None:
+        self._progress, self._tag = progress, tag
+
+    def __call__(self, line: str) -> None:
+        self._progress(self._tag + line)
+
+    def advance(self, done: int, total: int) -> None:
+        if isinstance(self._progress, Meter):
+            self._progress.advance(done, total)
+
+
+def _tagged(progress: Callable[[str], None], tag: str) -> _Tagged:
+    return _Tagged(progress, tag)
 
 
 def run_quickstart(

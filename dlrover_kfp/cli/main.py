@@ -15,10 +15,12 @@ from collections.abc import Sequence
 
 from dlrover_kfp import __version__
 from dlrover_kfp.cli import (
+    compile_cmd,
     history_cmd,
     model_cmd,
     plan_cmd,
     quickstart_cmd,
+    report_cmd,
     run_cmd,
     schema_cmd,
     simulate_cmd,
@@ -36,6 +38,8 @@ _COMMANDS = (
     history_cmd,
     schema_cmd,
     simulate_cmd,
+    report_cmd,
+    compile_cmd,
 )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_kfp.cli.common import HELP_FORMAT
+from dlrover_kfp.cli.progress import TerminalProgress
 from dlrover_kfp.history import resolve_history_url
 from dlrover_kfp.quickstart import (
     DEFAULT_ROWS,
@@ -58,13 +59,11 @@ def _run(args: argparse.Namespace) -> int:
     output = Path(args.output_dir)
     url = resolve_history_url(args.history or str(output / "history.db"), {})
 
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
     def report(result: RoundResult) -> None:
         print(format_round(result, args.rounds) + "\n", flush=True)
 
     unwind_on_sigterm()
-    results = run_quickstart(output, url, args.rounds, progress, on_round=report)
+    with TerminalProgress("this round's samples") as progress:
+        results = run_quickstart(output, url, args.rounds, progress, on_round=report)
     print(format_table(results), flush=True)
     return 0 if all(r.succeeded for r in results) else 1

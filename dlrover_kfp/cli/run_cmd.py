@@ -13,12 +13,15 @@ from typing import Any
 import yaml
 
 from dlrover_kfp.cli.common import HELP_FORMAT, add_history_option, history_url
+from dlrover_kfp.cli.progress import TerminalProgress
 from dlrover_kfp.core.documents import to_dict
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import read_document
+from dlrover_kfp.history import record_profile
+from dlrover_kfp.planning import plan_start
 from dlrover_kfp.runtime.job import RunSettings, static_groups
 from dlrover_kfp.runtime.kube import (
     DEFAULT_MOUNT_PATH,
@@ -28,7 +31,7 @@ from dlrover_kfp.runtime.kube import (
     master_host,
     run_kubernetes,
 )
-from dlrover_kfp.runtime.launch import run_local, stage_1, unwind_on_sigterm
+from dlrover_kfp.runtime.launch import run_local, unwind_on_sigterm
 
 
 def register(sub: Any) -> None:
@@ -82,6 +85,19 @@ def register(sub: Any) -> None:
         help="seconds between runtime samples and progress lines (default 2)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial model")
+    parser.add_argument(
+        "--plan",
+        metavar="PLAN.json",
+        help="start from this plan (`dlrover-kfp plan`'s output, a pipeline's plan step) "
+        "instead of planning the start; with --history, Stage 2 reads the measurements of the "
+        "similar jobs the plan names",
+    )
+    parser.add_argument(
+        "--no-record",
+        action="store_true",
+        help="with --history: read it, but leave recording the profile to `dlrover-kfp "
+        "record` (a pipeline's record step); a failed run is recorded all the same",
+    )
     kube = parser.add_argument_group("kubernetes (with --backend kubernetes)")
     kube.add_argument("--namespace", metavar="NS", help="the namespace of the job's pods")
     kube.add_argument("--image", metavar="IMG", help="the pods' image (deploy/Dockerfile)")
@@ -125,14 +141,19 @@ def _kube_options(args: argparse.Namespace) -> KubeOptions:
 
 
 def _dry_run(
-    spec: JobSpec, opts: KubeOptions, settings: RunSettings, url: str | None, static: bool
+    spec: JobSpec,
+    opts: KubeOptions,
+    settings: RunSettings,
+    url: str | None,
+    static: bool,
+    plan: ResourcePlan | None,
 ) -> int:
     planner = PlannerSettings()
     if static:
         workers, ps = static_groups(spec)
         plan = ResourcePlan(workers=workers, ps=ps, stage=Stage.MANUAL, reason="--static")
-    else:
-        plan, _ = stage_1(spec, url, planner)
+    elif plan is None:
+        plan, _ = plan_start(spec, url, planner)
     manifests = dry_run_manifests(spec, plan, settings, kube_settings(opts), f"{spec.name}-dry-run")
     sys.stdout.write(
         f"# {spec.name}: starting plan ({plan.stage.value}): {plan.reason}\n"
@@ -158,9 +179,10 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
 
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
+    plan = read_document(ResourcePlan, args.plan) if args.plan else None
+    if plan is not None and args.static:
+        raise UserInputError("--plan: not with --static (a static run keeps the spec's resources)")
+    record = not args.no_record
     if args.dry_run and args.backend != "kubernetes":
         raise UserInputError("--dry-run: only with --backend kubernetes")
     if args.backend == "kubernetes":
@@ -169,22 +191,27 @@ def _run(args: argparse.Namespace) -> int:
         if args.dry_run:
             host = args.master_host or "<master-ip>"
             settings = dataclasses.replace(settings, master_host=host, python="python")
-            return _dry_run(spec, opts, settings, url, args.static)
+            return _dry_run(spec, opts, settings, url, args.static, plan)
         settings = dataclasses.replace(settings, master_host=master_host(opts), python="python")
         run = functools.partial(run_kubernetes, spec, opts)
     else:
         run = functools.partial(run_local, spec)
     unwind_on_sigterm()
-    result = run(
-        output_dir=output,
-        base_dir=job_path.resolve().parent,
-        settings=settings,
-        progress=progress,
-        history_url=url,
-        static=args.static,
-        resume=True,
-    )
+    with TerminalProgress(f"{spec.name}: samples") as progress:
+        result = run(
+            output_dir=output,
+            base_dir=job_path.resolve().parent,
+            settings=settings,
+            progress=progress,
+            history_url=url,
+            static=args.static,
+            resume=True,
+            plan=plan,
+            record=record,
+        )
     profile = result.profile
+    if url is not None and not record and not result.succeeded:
+        record_profile(url, profile)
     summary = {
         "run_id": profile.run_id,
         "outcome": to_dict(profile.outcome),

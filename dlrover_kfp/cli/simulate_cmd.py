@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_kfp.cli.common import HELP_FORMAT
+from dlrover_kfp.cli.progress import TerminalProgress
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings
@@ -63,16 +64,26 @@ def _cluster(jobs: list[TraceJob]) -> ClusterSettings:
     return ClusterSettings(nodes=nodes, node_cpu=cpu, node_memory_mb=memory)
 
 
-def _run(args: argparse.Namespace) -> int:
-    policies = parse_policies(args.policies)
-    if args.seeds < 1:
-        raise UserInputError(f"--seeds: must be at least 1, got {args.seeds}")
-    if args.synthetic is not None and args.synthetic < 1:
-        raise UserInputError(f"--synthetic: must be at least 1, got {args.synthetic}")
+def _simulate(
+    args: argparse.Namespace,
+    policies: list[str],
+    faults: FaultSettings,
+    progress: TerminalProgress,
+) -> list[Comparison]:
+    """Every seed, every policy: one comparison per seed."""
     out = Path(args.output)
-    faults = FaultSettings()
     runs: list[Comparison] = []
     began = time.monotonic()
+    total = args.seeds * len(policies)
+    finished = 0
+
+    def done(line: str) -> None:
+        nonlocal finished
+        finished += 1
+        progress(f"  {line} ({time.monotonic() - began:.0f}s)")
+        progress.advance(finished, total)
+
+    progress.advance(0, total)
     for seed in range(args.seed, args.seed + args.seeds):
         if args.trace:
             jobs = read_trace(args.trace)
@@ -81,30 +92,30 @@ def _run(args: argparse.Namespace) -> int:
         else:
             jobs = synthetic_trace(args.synthetic, seed, family=args.family)
         cluster = _cluster(jobs)
-        print(
+        progress(
             f"seed {seed}: {len(jobs)} jobs on {cluster.nodes} nodes x "
             f"{cluster.node_cpu:g} cpu / {cluster.node_memory_mb // 1024} GiB; "
-            f"policies {', '.join(policies)}",
-            file=sys.stderr,
-            flush=True,
+            f"policies {', '.join(policies)}"
         )
-        runs.append(
-            compare(
-                jobs,
-                policies,
-                cluster,
-                faults,
-                seed,
-                progress=lambda line: print(
-                    f"  {line} ({time.monotonic() - began:.0f}s)", file=sys.stderr, flush=True
-                ),
-            )
-        )
+        runs.append(compare(jobs, policies, cluster, faults, seed, progress=done))
         if seed == args.seed:
             out.mkdir(parents=True, exist_ok=True)
             write_trace(out / "trace.jsonl", jobs, description=f"seed {seed}")
             first = runs[-1]
             write_plots(out, first.jct_minutes, first.utilisation, label=f"seed {seed}")
+    return runs
+
+
+def _run(args: argparse.Namespace) -> int:
+    policies = parse_policies(args.policies)
+    if args.seeds < 1:
+        raise UserInputError(f"--seeds: must be at least 1, got {args.seeds}")
+    if args.synthetic is not None and args.synthetic < 1:
+        raise UserInputError(f"--synthetic: must be at least 1, got {args.synthetic}")
+    out = Path(args.output)
+    faults = FaultSettings()
+    with TerminalProgress("policies simulated") as progress:
+        runs = _simulate(args, policies, faults, progress)
     table = aggregate([r.summaries for r in runs])
     document = {
         "policies": {

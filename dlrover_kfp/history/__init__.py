@@ -17,6 +17,7 @@ import platformdirs
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
+from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.history.engine import (
     create_history_engine,
@@ -39,6 +40,7 @@ __all__ = [
     "default_history_path",
     "mask_url_text",
     "open_history",
+    "record_profile",
     "resolve_history_url",
 ]
 
@@ -109,6 +111,18 @@ def open_history(url: str) -> SqlHistoryStore:
         engine.dispose()
         raise
     return SqlHistoryStore(engine)
+
+
+def record_profile(url: str, profile: JobProfile) -> bool:
+    """Store ``profile`` in the history at ``url``; False when it already had that run (a
+    retried pipeline step records nothing twice). The store is open only for the write."""
+    store = open_history(url)
+    try:
+        new = store.record(profile)
+    finally:
+        store.close()
+    log.info("history: %s %s", "recorded" if new else "already had", profile.run_id)
+    return new
 
 
 def _prepare_sqlite_file(url: URL) -> None:

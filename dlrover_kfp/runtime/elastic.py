@@ -93,23 +93,6 @@ Migration = Literal["live", "restart"]
 _PAUSE_TIMEOUT_S = 20.0
 
 
-def local_planner_settings() -> PlannerSettings:
-    """The planner's settings for pods that are processes on one machine.
-
-    The defaults are a cluster's (half-core steps, a decision every 5 minutes). A machine's
-    quota is a few cores and a job a few minutes, so pods come in quarter cores, memory from
-    512 MiB, and Stage 2 decides every 10 s once it has 3 samples at the current shape.
-    """
-    defaults = PlannerSettings()
-    return dataclasses.replace(
-        defaults,
-        node=dataclasses.replace(defaults.node, min_cpu=0.25, cpu_step=0.25, min_memory_mb=512),
-        auto_scale=dataclasses.replace(defaults.auto_scale, min_interval_s=10.0, min_samples=3),
-        # Stage 3 looks one planning interval ahead for a memory trend.
-        post_scale=dataclasses.replace(defaults.post_scale, oom_horizon_s=10.0),
-    )
-
-
 #: How the backend's reasons map to the relaunch policy's causes.
 _CAUSES = {
     "OOMKilled": ExitCause.OOM_KILLED,
@@ -742,4 +725,4 @@ class ElasticRun(StaticRun):
         return tuple(self.plans)
 
 
-__all__ = ["ElasticRun", "local_planner_settings"]
+__all__ = ["ElasticRun"]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from dlrover_kfp.backends import ClusterBackend, PodPhase, PodSpec, PodStatus, PodUsage
 from dlrover_kfp.core.documents import to_dict, to_json
@@ -98,6 +98,16 @@ class JobFailedError(TransientError):
 
 
 Progress = Callable[[str], None]
+
+
+@runtime_checkable
+class Meter(Protocol):
+    """A progress display that also shows how far a run is (a bar on a terminal). A run whose
+    ``progress`` is one calls :meth:`advance` at every sample, besides the line it prints."""
+
+    def __call__(self, line: str) -> None: ...
+
+    def advance(self, done: int, total: int) -> None: ...
 
 
 def static_groups(spec: JobSpec) -> tuple[NodeGroup, NodeGroup]:
@@ -598,6 +608,8 @@ class StaticRun:
                 trained, steps, loss_sum, _ = state.totals()
                 recent = self.samples[-1].throughput
                 loss = f"{loss_sum / trained:.4f}" if trained else "-"
+                if isinstance(self.progress, Meter):
+                    self.progress.advance(trained, total)
                 self.progress(
                     f"[{100 * trained / total:5.1f}%] {trained:,}/{total:,} samples  "
                     f"{recent:,.0f} samples/s  step {steps:,}  loss {loss}  "

@@ -144,6 +144,8 @@ def run_kubernetes(
     static: bool = False,
     resume: bool = False,
     planner: PlannerSettings | None = None,
+    plan: ResourcePlan | None = None,
+    record: bool = True,
 ) -> RunResult:
     """:func:`run_job` with the pods on Kubernetes (cluster planner settings by default)."""
     # the client library is an extra; imported only when a run starts
@@ -164,6 +166,8 @@ def run_kubernetes(
             static=static,
             resume=resume,
             planner=planner or PlannerSettings(),
+            plan=plan,
+            record=record,
         )
 
 

@@ -16,15 +16,12 @@ from pathlib import Path
 from types import FrameType
 
 from dlrover_kfp.backends import ClusterBackend, LocalBackend
-from dlrover_kfp.core.observation import Observation
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings
-from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.history import open_history
-from dlrover_kfp.planning import plan_job_with_history
-from dlrover_kfp.ports import SystemClock
-from dlrover_kfp.runtime.elastic import ElasticRun, local_planner_settings
+from dlrover_kfp.history import record_profile
+from dlrover_kfp.planning import known_points, local_planner_settings, plan_start
+from dlrover_kfp.runtime.elastic import ElasticRun
 from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings, StaticRun
 
 log = logging.getLogger(__name__)
@@ -40,30 +37,6 @@ def unwind_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _terminate)
 
 
-def stage_1(
-    spec: JobSpec, history_url: str | None, planner: PlannerSettings
-) -> tuple[ResourcePlan, list[Observation]]:
-    """Stage 1's plan and the similar jobs' measurements (none without a history store)."""
-    if history_url is None:
-        return plan_job_with_history(spec, None, SystemClock(), planner)
-    store = open_history(history_url)
-    try:
-        return plan_job_with_history(spec, store, SystemClock(), planner)
-    finally:
-        store.close()
-
-
-def record_profile(history_url: str, profile: JobProfile) -> bool:
-    """Store ``profile`` in the history; False when the store already had that run."""
-    store = open_history(history_url)
-    try:
-        new = store.record(profile)
-    finally:
-        store.close()
-    log.info("history: %s %s", "recorded" if new else "already had", profile.run_id)
-    return new
-
-
 def run_job(
     spec: JobSpec,
     backend: ClusterBackend,
@@ -77,15 +50,19 @@ def run_job(
     run_id: str | None = None,
     resume: bool = False,
     planner: PlannerSettings | None = None,
+    plan: ResourcePlan | None = None,
+    record: bool = True,
 ) -> RunResult:
     """Train ``spec`` to the end on ``backend``, writing ``output_dir`` (profile.json, the
     model, the checkpoints).
 
     Elastic unless ``static`` (the spec's own resources for the whole run), planned with
-    ``planner`` (default: :func:`local_planner_settings`, for pods on one machine). With
-    ``history_url`` the start is planned from that history and the profile recorded in it.
-    With ``resume``, a run an earlier master left unfinished in ``output_dir`` (killed) goes on
-    from its last committed checkpoint (:class:`~dlrover_kfp.runtime.job.StaticRun`).
+    ``planner`` (default: :func:`local_planner_settings`, for pods on one machine). The run
+    starts from ``plan`` when one is given (a pipeline's plan step made it), else from Stage
+    1's plan. With ``history_url`` the start is planned from that history (or ``plan``'s
+    similar jobs are read from it) and, with ``record``, the profile recorded in it. With
+    ``resume``, a run an earlier master left unfinished in ``output_dir`` (killed) goes on from
+    its last committed checkpoint (:class:`~dlrover_kfp.runtime.job.StaticRun`).
     """
     run: StaticRun
     if static:
@@ -101,7 +78,10 @@ def run_job(
         )
     else:
         planner = planner or local_planner_settings()
-        plan, known = stage_1(spec, history_url, planner)
+        if plan is None:
+            plan, known = plan_start(spec, history_url, planner)
+        else:
+            known = known_points(history_url, plan)
         progress(f"{spec.name}: starting plan ({plan.stage.value}): {plan.reason}")
         run = ElasticRun(
             spec,
@@ -117,7 +97,7 @@ def run_job(
             resume=resume,
         )
     result = run.run()
-    if history_url is not None:
+    if history_url is not None and record:
         record_profile(history_url, result.profile)
     return result
 
@@ -133,6 +113,8 @@ def run_local(
     static: bool = False,
     run_id: str | None = None,
     resume: bool = False,
+    plan: ResourcePlan | None = None,
+    record: bool = True,
 ) -> RunResult:
     """:func:`run_job` with the pods as local processes (their logs under ``logs/``)."""
     with LocalBackend(output_dir / "logs") as backend:
@@ -147,7 +129,9 @@ def run_local(
             static=static,
             run_id=run_id,
             resume=resume,
+            plan=plan,
+            record=record,
         )
 
 
-__all__ = ["record_profile", "run_job", "run_local", "stage_1", "unwind_on_sigterm"]
+__all__ = ["run_job", "run_local", "unwind_on_sigterm"]

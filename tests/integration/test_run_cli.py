@@ -107,3 +107,35 @@ def test_bad_input_is_one_line_exit_2_and_starts_nothing(
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
     assert not (out_dir / "logs").exists() or not any((out_dir / "logs").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("plan", "flags", "message"),
+    [
+        ("missing.json", [], "missing.json: no such file"),
+        ("job.yaml", [], "job.yaml: "),  # a job spec is not a plan
+        ("plan.json", ["--static"], "--plan: not with --static"),
+    ],
+)
+def test_a_bad_plan_is_one_line_exit_2_and_starts_nothing(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    plan: str,
+    flags: list[str],
+    message: str,
+) -> None:
+    (tmp_path / "job.yaml").write_text(JOB)
+    (tmp_path / "plan.json").write_text(
+        '{"workers": {"count": 1, "cpu": 1, "memory_mb": 1024}, '
+        '"ps": {"count": 1, "cpu": 1, "memory_mb": 1024}, "stage": "cold_start", "reason": "x"}'
+    )
+    out_dir = tmp_path / "out"
+    code = main(
+        ["run", "--job", str(tmp_path / "job.yaml"), "--output-dir", str(out_dir),
+         "--plan", str(tmp_path / plan), *flags]
+    )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not out_dir.exists()

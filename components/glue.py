@@ -1,0 +1,209 @@
+"""What the KFP components do, on plain file paths: testable without KFP.
+
+A component's body (components/elastic_dlrm.py) only imports one of these functions and hands
+it its parameters and its artifacts' paths; everything else is the library
+(:mod:`dlrover_kfp.steps`). A user error (a bad job spec, a plan that is not a plan) prints one
+line naming the key and the value on the task's log and exits 2, with nothing written to the
+history store; a temporary failure (a locked or unreachable history) exits 75.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from dlrover_kfp.core.documents import to_json
+from dlrover_kfp.core.profile import JobProfile
+from dlrover_kfp.errors import PermanentError, TransientError, UserInputError
+from dlrover_kfp.files import write_atomic
+from dlrover_kfp.steps.plan import plan_step
+from dlrover_kfp.steps.record import read_profile, record_step
+from dlrover_kfp.steps.spec import load_job_spec
+
+if TYPE_CHECKING:
+    from dlrover_kfp.runtime.kube import KubeOptions
+
+T = TypeVar("T")
+
+EXIT_USER_ERROR = 2
+EXIT_TRANSIENT = 75
+
+
+@contextmanager
+def _task_errors() -> Iterator[None]:
+    """A user error (or a failed run) is one line on the task's log and exit 2, not a
+    traceback."""
+    try:
+        yield
+    except PermanentError as exc:
+        print(f"dlrover-kfp: error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USER_ERROR) from None
+    except TransientError as exc:
+        print(f"dlrover-kfp: temporary failure, retry: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_TRANSIENT) from None
+
+
+def _guarded(fn: Callable[[], T]) -> T:
+    with _task_errors():
+        return fn()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ---- plan_resources --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOutput:
+    stage: str
+    total_cpu: float
+    similar_jobs: tuple[str, ...]
+
+
+def plan_resources(
+    job_spec: str, history_url: str, backend: str, plan_path: str, report_path: str
+) -> PlanOutput:
+    """Stage 1's plan as a JSON document at ``plan_path``, Markdown at ``report_path``."""
+
+    def work() -> PlanOutput:
+        result = plan_step(job_spec, history_url, backend)
+        write_atomic(plan_path, to_json(result.plan) + "\n")
+        write_atomic(report_path, result.markdown)
+        print(f"{result.spec.name}: {result.plan.stage.value} plan: {result.plan.reason}")
+        return PlanOutput(
+            result.plan.stage.value, result.plan.total_cpu, tuple(result.plan.similar_jobs)
+        )
+
+    return _guarded(work)
+
+
+# ---- elastic_train ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TrainOutput:
+    run_id: str
+    loss: float | None
+    auc: float | None
+    jct_seconds: float
+    samples_processed: int
+
+
+def elastic_train(
+    job_spec: str,
+    plan_path: str,
+    history_url: str,
+    backend: str,
+    claim: str,
+    model_path: str,
+    profile_path: str,
+    report_path: str,
+) -> TrainOutput:
+    """Train from the plan at ``plan_path``; the model directory to ``model_path``, the
+    profile JSON to ``profile_path``, the HTML report to ``report_path``.
+
+    Locally the run's working directory (checkpoints, pod logs) is a temporary one. On
+    Kubernetes this process is the job master: the worker and PS pods it starts mount the claim
+    ``claim`` at the default mount path, and the run lives there.
+    """
+
+    # The trainer (torch) is imported by this step only: plan and record start fast.
+    from dlrover_kfp.steps.train import read_plan, train_step  # noqa: PLC0415
+
+    def work() -> TrainOutput:
+        loaded = load_job_spec(job_spec)  # validate before anything runs
+        plan = read_plan(plan_path)
+        with _run_dir(loaded.spec.name, backend, claim) as (output_dir, kube):
+            result = train_step(
+                job_spec,
+                plan,
+                output_dir=output_dir,
+                history_url=history_url,
+                backend=backend,
+                kube=kube,
+                progress=_log,
+            )
+            return _publish(result.profile, result.model_dir, model_path, profile_path, report_path)
+
+    return _guarded(work)
+
+
+@contextmanager
+def _run_dir(name: str, backend: str, claim: str) -> Iterator[tuple[Path, KubeOptions | None]]:
+    """Where the run lives: a temporary directory for local pods; on Kubernetes a directory of
+    its own on the claim every pod mounts (kept: the run's checkpoints and pod logs)."""
+    if backend != "kubernetes":
+        with tempfile.TemporaryDirectory(prefix=f"dlrover-kfp-{name}-") as tmp:
+            yield Path(tmp), None
+        return
+    if not claim:
+        raise UserInputError(
+            "claim: empty; backend kubernetes needs a PersistentVolumeClaim (ReadWriteMany) "
+            "that the job's pods share: the PS write their checkpoints there"
+        )
+    from dlrover_kfp.steps.train import in_cluster_options  # noqa: PLC0415
+
+    kube = in_cluster_options(claim=claim)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    yield Path(kube.mount_path) / "runs" / f"{name}-{stamp}", kube
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _publish(
+    profile: JobProfile,
+    model_dir: Path | None,
+    model_path: str,
+    profile_path: str,
+    report_path: str,
+) -> TrainOutput:
+    from dlrover_kfp.report import render_run_report  # noqa: PLC0415  (matplotlib: slow import)
+
+    if model_dir is not None:
+        target = Path(model_path)
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(model_dir, target)
+    write_atomic(profile_path, to_json(profile) + "\n")
+    write_atomic(report_path, render_run_report(profile))
+    return TrainOutput(
+        run_id=profile.run_id,
+        loss=profile.metrics.loss,
+        auc=profile.metrics.auc,
+        jct_seconds=profile.outcome.jct_seconds,
+        samples_processed=profile.outcome.samples_processed,
+    )
+
+
+# ---- record_profile --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOutput:
+    run_id: str
+    new: bool
+
+
+def record_profile(profile_path: str, history_url: str, summary_path: str) -> RecordOutput:
+    """Record the profile at ``profile_path``; a Markdown summary to ``summary_path``."""
+
+    def work() -> RecordOutput:
+        result = record_step(read_profile(profile_path), history_url)
+        write_atomic(summary_path, result.markdown)
+        print(json.dumps({"run_id": result.run_id, "recorded": result.new}))
+        return RecordOutput(result.run_id, result.new)
+
+    return _guarded(work)
+
+
+__all__ = ["PlanOutput", "RecordOutput", "TrainOutput", "elastic_train", "plan_resources",
+           "record_profile"]  # fmt: skip

@@ -1,0 +1,26 @@
+"""The three steps of a scheduled-retraining pipeline: plan, train, record.
+
+The Kubeflow Pipelines components (``components/``) and the Airflow operators
+(``airflow_plugin/``) are thin wrappers over these functions, so that a pipeline on either
+orchestrator does what ``dlrover-kfp plan``, ``run`` and ``record`` do:
+
+* :func:`~dlrover_kfp.steps.plan.plan_step`: Stage 1 (warm start from the history's similar
+  jobs, else a cold start); the plan goes to the train step as a document, with a Markdown
+  summary for people.
+* :func:`~dlrover_kfp.steps.train.train_step`: the elastic run from that plan (Stages 2 and 3
+  while it trains) on the local or the Kubernetes backend. It reads the history (the similar
+  jobs' measurements) but does not record: that is the record step's, so that a pipeline
+  records each run once. A run that fails is recorded here, before the step fails, so that
+  nothing is lost.
+* :func:`~dlrover_kfp.steps.record.record_step`: the run's profile into the history store;
+  recording a run twice is a no-op.
+
+A job spec is given as a string, the way both orchestrators pass parameters: a path to a YAML
+or JSON file, or the YAML document itself (:func:`~dlrover_kfp.steps.spec.load_job_spec`). A
+spec that does not validate raises :class:`~dlrover_kfp.errors.SpecError` before anything runs
+or is written.
+
+One module per step, and this package imports none of them: the plan and record steps run in
+pods of their own and should not pay for importing the trainer (torch), which only
+:mod:`~dlrover_kfp.steps.train` needs.
+"""

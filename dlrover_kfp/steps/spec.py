@@ -1,0 +1,76 @@
+"""What every step reads first: the job spec (a path or the document), the history URL and
+the backend's planner settings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from dlrover_kfp.core.documents import load_text, parse
+from dlrover_kfp.core.planner import PlannerSettings
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.files import read_document
+from dlrover_kfp.history import resolve_history_url
+from dlrover_kfp.planning import local_planner_settings
+
+BACKENDS: Final = ("local", "kubernetes")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedSpec:
+    spec: JobSpec
+    #: what relative data paths in the spec are relative to
+    base_dir: Path
+    #: the file, or "job_spec" for an inline document: error messages name it
+    source: str
+
+
+def load_job_spec(job_spec: str, *, source: str = "job_spec") -> LoadedSpec:
+    """A job spec from a path or from the document itself.
+
+    A string of one line that does not start with ``{`` is a path (relative to the working
+    directory); anything else is the YAML (or JSON) document. Relative data paths in a file
+    are relative to the file, in an inline document to the working directory.
+    """
+    text = job_spec.strip()
+    if not text:
+        raise UserInputError(f"{source}: empty; give a path to a job spec or the YAML itself")
+    if "\n" not in text and not text.startswith("{"):
+        path = Path(text).expanduser()
+        spec = read_document(JobSpec, path)
+        return LoadedSpec(spec, path.resolve().parent, str(path))
+    spec = parse(JobSpec, load_text(job_spec, source), source)
+    return LoadedSpec(spec, Path.cwd(), source)
+
+
+def history_url_or_default(url: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """``url``, else ``$DLROVER_KFP_HISTORY_URL``, else the default SQLite file. An empty
+    string counts as not given: that is how a pipeline parameter says "the default"."""
+    given = url.strip() if url else ""
+    return resolve_history_url(given or None, environ)
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise UserInputError(f"backend: {backend!r}; expected one of {', '.join(BACKENDS)}")
+
+
+def planner_for(backend: str) -> PlannerSettings:
+    """The planner's settings for ``backend``: quarter cores and decisions every few seconds
+    for local processes, a cluster's half cores and 5-minute decisions on Kubernetes."""
+    check_backend(backend)
+    return local_planner_settings() if backend == "local" else PlannerSettings()
+
+
+__all__ = [
+    "BACKENDS",
+    "LoadedSpec",
+    "check_backend",
+    "history_url_or_default",
+    "load_job_spec",
+    "planner_for",
+]
