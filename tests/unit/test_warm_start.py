@@ -262,3 +262,17 @@ def test_cpu_peaks_come_from_the_samples_in_which_the_job_trained() -> None:
     # A profile that never trained (it failed at start) still reports what it used.
     never = dataclasses.replace(profile, samples=(start_up,))
     assert summarize(never).peak_worker_cpu == 1.0
+
+
+def test_a_role_never_measured_keeps_what_its_pods_were_given() -> None:
+    """A run too short for a worker's usage window records worker CPU 0: unmeasured, not idle.
+    The next plan must not shrink the workers to the node minimum because of it."""
+    measured = summarize(make_profile(worker_cpu=2.0, ps_cpu=2.0, used_fraction=0.5))
+    unmeasured = dataclasses.replace(measured, peak_worker_cpu=0.0, mean_worker_cpu=0.0)
+    spec = job_spec()
+    ctx = context_from_spec(spec, SETTINGS)
+    plan = warm_start(spec, ctx, [unmeasured], SETTINGS, NOW)
+    assert plan.stage is Stage.WARM_START
+    assert plan.workers.cpu >= 2.0  # what the run's workers had, with the margin
+    # a measured peak still decides: the same run measured gives smaller workers
+    assert warm_start(spec, ctx, [measured], SETTINGS, NOW).workers.cpu < plan.workers.cpu

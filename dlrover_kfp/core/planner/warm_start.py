@@ -120,8 +120,8 @@ def warm_start(
     ws = settings.warm_start
     node = ctx.node
 
-    peak_w_cpu = max(j.peak_worker_cpu for j in jobs)
-    peak_p_cpu = max(j.peak_ps_cpu for j in jobs)
+    peak_w_cpu = _peak_cpu([(j.peak_worker_cpu, j.workers.cpu) for j in jobs])
+    peak_p_cpu = _peak_cpu([(j.peak_ps_cpu, j.ps.cpu) for j in jobs])
     peak_w_mem = max(j.peak_worker_memory_mb for j in jobs)
     peak_p_mem = max(j.peak_ps_memory_mb for j in jobs)
     peak_p_total = max(j.peak_total_ps_memory_mb for j in jobs)
@@ -204,6 +204,17 @@ def warm_start(
         predicted_throughput=round(predicted, 1) if observations else None,
         similar_jobs=names,
     )
+
+
+def _peak_cpu(jobs: Sequence[tuple[float, float]]) -> float:
+    """The most a role's pod used, over ``(peak used, given per pod)`` of the similar jobs.
+
+    A peak of 0 means the role was never measured (a run too short for a usage window, or a
+    role whose pods all started late), not that it needs no CPU: sizing from it would shrink
+    the pods to the node minimum. Measured peaks decide; with none, the most a pod was given.
+    """
+    measured = [used for used, _ in jobs if used > 0]
+    return max(measured) if measured else max(given for _, given in jobs)
 
 
 def _typical_ps_count(jobs: Sequence[JobSummary]) -> int:

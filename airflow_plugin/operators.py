@@ -1,0 +1,545 @@
+"""Operators for the three steps of scheduled retraining: plan, train, record.
+
+Thin over :mod:`dlrover_kfp.steps`, so that a DAG does what ``dlrover-kfp plan``, ``run``
+and ``record`` do:
+
+- :class:`PlanResourcesOperator`: Stage 1's plan from the history (warm start from similar
+  runs, else a cold start). XCom ``return_value``: the plan as a JSON document (a dict).
+- :class:`ElasticTrainOperator`: validates the job spec, starts the job master as a process
+  of its own and defers to :class:`~airflow_plugin.triggers.ElasticTrainTrigger` until it
+  ends; then reads the profile and writes the run report. XComs ``run_id``, ``profile`` (its
+  path), ``report`` (the report's path, when drawn) and ``return_value`` (a summary).
+- :class:`RecordProfileOperator`: the profile into the history store. XCom ``return_value``:
+  the run id.
+
+Errors keep their retry meaning: a bad job spec or plan, a failed run, a history that is not
+one (:class:`~dlrover_kfp.errors.PermanentError`) fail the task without retries
+(``AirflowFailException``); a locked or unreachable history and a killed master
+(:class:`~dlrover_kfp.errors.TransientError`) fail it for Airflow's retries. A bad spec fails
+before anything is written anywhere.
+
+The history store: ``history_url`` when given, else the connection ``history_conn_id``
+(default ``dlrover_kfp_history``) when it is configured, else ``$DLROVER_KFP_HISTORY_URL``,
+else the default SQLite file (:func:`airflow_plugin.hooks.resolve_history_url`).
+
+The steps (the planner: scipy) and the report (matplotlib) are imported inside ``execute``:
+DAG files import this module every time they are parsed, and parsing should not pay for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import yaml
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_plugin.hooks import DEFAULT_CONN_ID, describe_history_url, resolve_history_url
+from airflow_plugin.links import REPORT_XCOM_KEY, RunReportLink
+from airflow_plugin.runs import (
+    JOB_FILE,
+    MASTER_EXIT,
+    MASTER_FILE,
+    MASTER_LOG,
+    PLAN_FILE,
+    PROFILE_FILE,
+    REPORT_FILE,
+    default_output_dir,
+)
+from airflow_plugin.triggers import (
+    ElasticTrainTrigger,
+    master_alive,
+    process_create_time,
+    terminate_master,
+)
+from dlrover_kfp.core.documents import parse, to_dict, to_json
+from dlrover_kfp.core.plan import ResourcePlan
+from dlrover_kfp.core.profile import JobProfile
+from dlrover_kfp.core.spec import CriteoData
+from dlrover_kfp.errors import PermanentError, SpecError, TransientError, UserInputError
+from dlrover_kfp.files import write_atomic
+from dlrover_kfp.history import ENV_VAR
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from dlrover_kfp.steps.spec import LoadedSpec
+
+#: The master's exit statuses (``dlrover-kfp``'s conventions).
+EXIT_FAILED_RUN: Final = 1
+EXIT_USER_ERROR: Final = 2
+EXIT_TRANSIENT: Final = 75
+
+#: Kubernetes options the train operator passes to ``dlrover-kfp run --backend kubernetes``.
+KUBE_OPTIONS: Final = (
+    "namespace",
+    "image",
+    "kubeconfig",
+    "context",
+    "claim",
+    "mount_path",
+    "master_host",
+)
+
+
+@contextlib.contextmanager
+def task_errors() -> Iterator[None]:
+    """Turn the library's errors into Airflow's: permanent ones are not retried."""
+    try:
+        yield
+    except PermanentError as exc:
+        raise AirflowFailException(str(exc)) from None
+    except TransientError as exc:
+        raise AirflowException(f"temporary failure, a retry may succeed: {exc}") from exc
+
+
+class _HistoryMixin:
+    """The history-store parameters every operator shares."""
+
+    history_conn_id: str | None
+    history_url: str | None
+
+    def _history(self, log: Any) -> str:
+        url, source = resolve_history_url(conn_id=self.history_conn_id, url=self.history_url)
+        log.info("history store: %s (from %s)", describe_history_url(url), source)
+        return url
+
+
+class PlanResourcesOperator(_HistoryMixin, BaseOperator):
+    """Stage 1's resource plan for a job: a warm start from similar runs in the history, else
+    the spec's own resources (a cold start). Reads the history, writes nothing.
+
+    :param job_spec: a path to the job spec (YAML or JSON), or the YAML document (templated).
+    :param backend: ``local`` (pods as processes of the worker) or ``kubernetes``: what the
+        plan is for (templated).
+    :param history_conn_id: the connection of the history store, used when it is configured.
+    :param history_url: a SQLAlchemy URL or SQLite path that overrides the connection
+        (templated).
+
+    XCom ``return_value``: the plan (``dlrover-kfp schema plan``) as a dict.
+    """
+
+    template_fields: Sequence[str] = ("job_spec", "backend", "history_url")
+    ui_color = "#e8f0fe"
+
+    def __init__(
+        self,
+        *,
+        job_spec: str,
+        backend: str = "local",
+        history_conn_id: str | None = DEFAULT_CONN_ID,
+        history_url: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.job_spec = job_spec
+        self.backend = backend
+        self.history_conn_id = history_conn_id
+        self.history_url = history_url
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from dlrover_kfp.steps.plan import plan_step  # noqa: PLC0415 - scipy: not at parse time
+
+        with task_errors():
+            url = self._history(self.log)
+            result = plan_step(self.job_spec, url, self.backend)
+        self.log.info("%s", result.markdown)
+        return to_dict(result.plan)
+
+
+class RecordProfileOperator(_HistoryMixin, BaseOperator):
+    """Record a run's profile in the history store, for the next runs' warm start. Recording a
+    run the store already has (a retried task) changes nothing.
+
+    :param profile: the path of the run's ``profile.json`` (templated; in a DAG usually
+        ``"{{ ti.xcom_pull(task_ids='train', key='profile') }}"``).
+    :param history_conn_id: the connection of the history store, used when it is configured.
+    :param history_url: a SQLAlchemy URL or SQLite path that overrides it (templated).
+
+    XCom ``return_value``: the run id.
+    """
+
+    template_fields: Sequence[str] = ("profile", "history_url")
+    ui_color = "#e6f4ea"
+
+    def __init__(
+        self,
+        *,
+        profile: str,
+        history_conn_id: str | None = DEFAULT_CONN_ID,
+        history_url: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.profile = profile
+        self.history_conn_id = history_conn_id
+        self.history_url = history_url
+
+    def execute(self, context: Context) -> str:
+        from dlrover_kfp.steps.record import read_profile, record_step  # noqa: PLC0415 - as above
+
+        with task_errors():
+            if not str(self.profile).strip():
+                raise AirflowFailException("profile: empty; give the path of a profile.json")
+            profile = read_profile(self.profile)
+            url = self._history(self.log)
+            result = record_step(profile, url)
+        self.log.info("%s", result.markdown)
+        return result.run_id
+
+
+class ElasticTrainOperator(_HistoryMixin, BaseOperator):
+    """Train a job elastically to the end, from a plan, without holding a worker slot.
+
+    The operator validates the job spec and the plan (a bad one fails the task, nothing is
+    written), writes them to the run's output directory, starts the job master
+    (``dlrover-kfp run --no-record``) as a process of its own session and defers to
+    :class:`~airflow_plugin.triggers.ElasticTrainTrigger`. When the master ends the task
+    resumes: it reads the profile, pushes its XComs, writes ``report.html`` and fails when the
+    run failed. The master reads the history (the plan's similar jobs) and records a run that
+    failed; a run that succeeded is the record operator's to record.
+
+    With the local backend the master, its PS and its workers are processes of the worker's
+    machine, so the triggerer must run there too (``airflow standalone``, LocalExecutor). A
+    retried task uses the same output directory: a run whose master was killed resumes from
+    its last checkpoint.
+
+    :param job_spec: a path to the job spec, or the YAML document (templated).
+    :param plan: the plan to start from: the plan operator's output (``plan_task.output``), a
+        dict or its JSON text; None lets the master plan the start itself (templated).
+    :param output_dir: the run's directory (templated); default
+        ``$DLROVER_KFP_RUNS_DIR/<dag_id>/<logical date>/<task_id>``.
+    :param backend: ``local`` or ``kubernetes`` (templated). With ``kubernetes`` the master
+        still runs on the worker and creates the PS and workers as pods: give ``namespace``
+        and ``image``, and ``master_host`` an address the pods reach the worker at.
+    :param history_conn_id: the connection of the history store, used when it is configured.
+    :param history_url: a SQLAlchemy URL or SQLite path that overrides it (templated).
+    :param poll_interval: seconds between the trigger's looks at the master.
+    :param timeout: seconds after which the wait fails and the job is stopped (None: none).
+    :param kill_on_cancel: stop the job when the trigger is cancelled (default: leave it; a
+        triggerer restart cancels triggers too).
+    :param deferrable: wait in the triggerer (default); False waits in the worker.
+    :param checkpoint_interval: seconds between the run's flash checkpoints.
+    :param sample_interval: seconds between its runtime samples.
+    :param kubernetes: ``dlrover-kfp run``'s Kubernetes options (``namespace``, ``image``,
+        ``kubeconfig``, ``context``, ``claim``, ``mount_path``, ``master_host``).
+    """
+
+    template_fields: Sequence[str] = ("job_spec", "plan", "output_dir", "backend", "history_url")
+    operator_extra_links = (RunReportLink(),)
+    ui_color = "#fef7e0"
+
+    def __init__(
+        self,
+        *,
+        job_spec: str,
+        plan: dict[str, Any] | str | None = None,
+        output_dir: str | None = None,
+        backend: str = "local",
+        history_conn_id: str | None = DEFAULT_CONN_ID,
+        history_url: str | None = None,
+        poll_interval: float = 5.0,
+        timeout: float | None = None,
+        kill_on_cancel: bool = False,
+        deferrable: bool = True,
+        checkpoint_interval: float = 60.0,
+        sample_interval: float = 2.0,
+        kubernetes: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        unknown = sorted(set(kubernetes or {}) - set(KUBE_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"kubernetes: unknown option(s) {', '.join(unknown)}; expected some of "
+                f"{', '.join(KUBE_OPTIONS)}"
+            )
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval: {poll_interval}; must be positive")
+        self.job_spec = job_spec
+        self.plan = plan
+        self.output_dir = output_dir
+        self.backend = backend
+        self.history_conn_id = history_conn_id
+        self.history_url = history_url
+        self.poll_interval = poll_interval
+        self.timeout = timeout
+        self.kill_on_cancel = kill_on_cancel
+        self.deferrable = deferrable
+        self.checkpoint_interval = checkpoint_interval
+        self.sample_interval = sample_interval
+        self.kubernetes = dict(kubernetes or {})
+        #: the run report's path, once written (RunReportLink reads it)
+        self.report_path: str | None = None
+        self._trigger: ElasticTrainTrigger | None = None
+
+    # ---- before the run ----------------------------------------------------------------------
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        with task_errors():
+            loaded, plan = self._validated()
+            url = self._history(self.log)
+        run_dir = Path(self.output_dir) if self.output_dir else default_output_dir(context)
+        self.log.info("run directory: %s", run_dir)
+        trigger = self._running_master(run_dir)
+        if trigger is None:
+            spec_path, plan_path = self._write_inputs(run_dir, loaded, plan)
+            trigger = self._submit(run_dir, spec_path, plan_path, url)
+        if self.deferrable:
+            self.defer(trigger=trigger, method_name="execute_complete")
+        self._trigger = trigger
+        event = asyncio.run(_first_event(trigger))
+        self._trigger = None
+        return self.execute_complete(context, event)
+
+    def _validated(self) -> tuple[LoadedSpec, ResourcePlan | None]:
+        """The job spec and the plan, validated (SpecError names the key and the value)."""
+        from dlrover_kfp.steps.spec import check_backend, load_job_spec  # noqa: PLC0415 - as above
+
+        check_backend(self.backend)
+        if self.backend == "kubernetes":
+            for required in ("namespace", "image"):
+                if not self.kubernetes.get(required):
+                    raise UserInputError(
+                        f"backend kubernetes: kubernetes[{required!r}] is required"
+                    )
+        loaded = load_job_spec(self.job_spec)
+        plan_data: Any = self.plan
+        if isinstance(plan_data, str):
+            if not plan_data.strip():
+                plan_data = None
+            else:
+                try:
+                    plan_data = json.loads(plan_data)
+                except ValueError as exc:
+                    raise SpecError(f"plan: not a JSON document ({exc})") from None
+        plan = parse(ResourcePlan, plan_data, "plan") if plan_data is not None else None
+        return loaded, plan
+
+    @staticmethod
+    def _write_inputs(
+        run_dir: Path, loaded: LoadedSpec, plan: ResourcePlan | None
+    ) -> tuple[Path, Path | None]:
+        """``job.yaml`` (relative data paths made absolute: the master runs in ``run_dir``) and
+        ``plan.json``; what an earlier attempt's master left that would mislead the trigger
+        (its profile, its exit status) goes."""
+
+        spec = loaded.spec
+        if isinstance(spec.data, CriteoData) and not Path(spec.data.path).is_absolute():
+            data = dataclasses.replace(spec.data, path=str(loaded.base_dir / spec.data.path))
+            spec = dataclasses.replace(spec, data=data)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for stale in (PROFILE_FILE, MASTER_EXIT, REPORT_FILE):
+            (run_dir / stale).unlink(missing_ok=True)
+        spec_path = run_dir / JOB_FILE
+        write_atomic(spec_path, yaml.safe_dump(to_dict(spec), sort_keys=False))
+        plan_path = None
+        if plan is not None:
+            plan_path = run_dir / PLAN_FILE
+            write_atomic(plan_path, to_json(plan) + "\n")
+        else:
+            (run_dir / PLAN_FILE).unlink(missing_ok=True)
+        return spec_path, plan_path
+
+    def master_command(self, run_dir: Path, spec_path: Path, plan_path: Path | None) -> list[str]:
+        """The job master's command line. The history URL is not on it (it may carry a
+        password): :mod:`airflow_plugin.master` takes it from its environment."""
+        command = [
+            sys.executable,
+            "-m",
+            "airflow_plugin.master",
+            str(run_dir / MASTER_EXIT),
+            "--",
+            "run",
+            "--job",
+            str(spec_path),
+            "--output-dir",
+            str(run_dir),
+            "--no-record",
+            "--backend",
+            self.backend,
+            "--checkpoint-interval",
+            f"{self.checkpoint_interval:g}",
+            "--sample-interval",
+            f"{self.sample_interval:g}",
+        ]
+        if plan_path is not None:
+            command += ["--plan", str(plan_path)]
+        if self.backend == "kubernetes":
+            for option in KUBE_OPTIONS:
+                value = self.kubernetes.get(option)
+                if value:
+                    command += ["--" + option.replace("_", "-"), str(value)]
+        return command
+
+    def _submit(
+        self, run_dir: Path, spec_path: Path, plan_path: Path | None, url: str
+    ) -> ElasticTrainTrigger:
+        command = self.master_command(run_dir, spec_path, plan_path)
+        env = dict(os.environ)
+        env[ENV_VAR] = url
+        log_path = run_dir / MASTER_LOG
+        with log_path.open("ab") as log_file:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                cwd=run_dir,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        # A zombie still has its creation time: the pid cannot be recycled before it is reaped.
+        create_time = process_create_time(proc.pid)
+        # The trigger waits for the master, not this Popen (whose process may be gone by then,
+        # the master then being init's child); marked done, it neither warns that its child
+        # still runs when collected nor queues it for reaping.
+        proc.returncode = 0
+        host = socket.gethostname()
+        master = {"pid": proc.pid, "create_time": create_time, "host": host}
+        write_atomic(run_dir / MASTER_FILE, json.dumps(master) + "\n")
+        self.log.info("job master started: pid %d, log %s", proc.pid, log_path)
+        return self._trigger_for(proc.pid, create_time, run_dir, host)
+
+    def _trigger_for(
+        self, pid: int, create_time: float, run_dir: Path, host: str
+    ) -> ElasticTrainTrigger:
+        return ElasticTrainTrigger(
+            pid=pid,
+            create_time=create_time,
+            output_dir=str(run_dir),
+            host=host,
+            poll_interval=self.poll_interval,
+            deadline=time.time() + self.timeout if self.timeout else None,
+            kill_on_cancel=self.kill_on_cancel,
+        )
+
+    def _running_master(self, run_dir: Path) -> ElasticTrainTrigger | None:
+        """A trigger for the master an earlier attempt started in ``run_dir``, if it still runs.
+
+        A task cleared or retried while its run goes on (the trigger was cancelled, which
+        leaves the job running) waits for that run again instead of starting a second master
+        on the same directory.
+        """
+        try:
+            known = json.loads((run_dir / MASTER_FILE).read_text(encoding="utf-8"))
+            pid, create_time, host = int(known["pid"]), float(known["create_time"]), known["host"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if host != socket.gethostname() or not master_alive(pid, create_time):
+            return None
+        self.log.warning(
+            "the job master of an earlier attempt (pid %d) is still running in %s: waiting for "
+            "it instead of starting another (this attempt's job spec and plan are not used)",
+            pid,
+            run_dir,
+        )
+        return self._trigger_for(pid, create_time, run_dir, host)
+
+    # ---- after the run -----------------------------------------------------------------------
+
+    def execute_complete(
+        self, context: Context, event: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Resume after the trigger's event: XComs, report, and the run's outcome."""
+        if not event:
+            raise AirflowException("the trigger fired no event")
+        if event.get("status") != "success":
+            tail = event.get("log_tail") or ""
+            if tail:
+                self.log.error("the job master's log ends with:\n%s", tail)
+            message = str(event.get("message") or "the job master failed")
+            code = event.get("exit_code")
+            if code == EXIT_USER_ERROR:
+                raise AirflowFailException(f"{message}: a user error (see the log above)")
+            if code == EXIT_TRANSIENT:
+                raise AirflowException(f"{message}: a temporary failure, a retry may succeed")
+            raise AirflowException(message)
+        from dlrover_kfp.steps.record import read_profile  # noqa: PLC0415 - as above
+
+        with task_errors():
+            profile_path = Path(str(event["profile"]))
+            profile = read_profile(profile_path)
+        ti = context["ti"]
+        ti.xcom_push(key="run_id", value=profile.run_id)
+        ti.xcom_push(key="profile", value=str(profile_path))
+        report = self._write_report(profile, profile_path.parent / REPORT_FILE)
+        if report is not None:
+            ti.xcom_push(key=REPORT_XCOM_KEY, value=str(report))
+            self.report_path = str(report)  # for RunReportLink, when the task ends
+        outcome = profile.outcome
+        self.log.info(
+            "run %s %s: JCT %.1f s, %d samples",
+            profile.run_id,
+            outcome.status,
+            outcome.jct_seconds,
+            outcome.samples_processed,
+        )
+        if outcome.status != "succeeded":
+            raise AirflowFailException(
+                f"run {profile.run_id} failed: {outcome.reason or 'see the profile events'} "
+                f"(its profile is in the history and in {profile_path})"
+            )
+        return _summary(profile, profile_path, report)
+
+    def _write_report(self, profile: JobProfile, path: Path) -> Path | None:
+        """``report.html`` when the report package is installed; a report that cannot be drawn
+        is logged, never a reason to fail a run that trained."""
+        try:
+            from dlrover_kfp.report import render_run_report  # noqa: PLC0415 - matplotlib
+        except ImportError:
+            self.log.info("no run report: dlrover_kfp.report is not available")
+            return None
+        try:
+            write_atomic(path, render_run_report(profile))
+        except Exception:
+            self.log.exception("could not write the run report %s", path)
+            return None
+        self.log.info("run report: %s", path)
+        return path
+
+    def on_kill(self) -> None:
+        """Stop the job when a task that waits in the worker (``deferrable=False``) is
+        killed. A deferred task is not running, so this is not called for it."""
+        trigger = self._trigger
+        if trigger is not None and terminate_master(trigger.pid, trigger.create_time):
+            self.log.info("sent SIGTERM to job master %d", trigger.pid)
+
+
+async def _first_event(trigger: ElasticTrainTrigger) -> dict[str, Any]:
+    async for event in trigger.run():
+        payload: dict[str, Any] = event.payload
+        return payload
+    raise AirflowException("the trigger ended without an event")
+
+
+def _summary(profile: JobProfile, profile_path: Path, report: Path | None) -> dict[str, Any]:
+    final = profile.plans[-1] if profile.plans else None
+    return {
+        "run_id": profile.run_id,
+        "outcome": to_dict(profile.outcome),
+        "metrics": to_dict(profile.metrics),
+        "final_plan": to_dict(final) if final is not None else None,
+        "profile": str(profile_path),
+        "report": str(report) if report is not None else None,
+    }
+
+
+__all__ = [
+    "ElasticTrainOperator",
+    "PlanResourcesOperator",
+    "RecordProfileOperator",
+    "task_errors",
+]

@@ -1,0 +1,83 @@
+"""Daily retraining of a DLRM with dlrover-kfp: plan -> train -> record.
+
+Every day the job is planned from the history of its earlier runs (Stage 1: the first run
+starts from the spec's own resources, later ones warm-start from what earlier runs used),
+trained elastically from that plan (Stages 2 and 3 resize it while it trains) and its profile
+recorded, so that tomorrow's run starts nearer its optimum.
+
+Parameters (trigger the DAG with a configuration to change them):
+
+- ``job_spec``: a path to a job spec, or the YAML document itself; default
+  ``examples/jobs/small.yaml`` beside this DAG (a small job, under a minute on 2 cores).
+- ``backend``: ``local`` (the job's PS and workers are processes of the worker's machine).
+
+The history store: the Airflow connection ``dlrover_kfp_history`` when one is configured
+(``docs/airflow.md``), else ``$DLROVER_KFP_HISTORY_URL``, else a SQLite file in the user data
+directory. Each day's run writes ``$DLROVER_KFP_RUNS_DIR/dlrm_daily_retraining/<date>/train/``
+(default: ``runs/`` in the user data directory): profile, model, logs and ``report.html``,
+linked from the train task as "Run report".
+
+Try it: ``airflow dags test dlrm_daily_retraining 2026-11-20``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from airflow.sdk import DAG, Param
+
+from airflow_plugin.operators import (
+    ElasticTrainOperator,
+    PlanResourcesOperator,
+    RecordProfileOperator,
+)
+
+#: The default job: examples/jobs/small.yaml, found from this file wherever the DAGs folder is.
+DEFAULT_JOB_SPEC = Path(__file__).resolve().parent.parent / "jobs" / "small.yaml"
+
+#: The history store's connection, used when it is configured.
+HISTORY_CONN_ID = "dlrover_kfp_history"
+
+with DAG(
+    dag_id="dlrm_daily_retraining",
+    description="Plan, train and record a DLRM every day; each run warm-starts from the last",
+    schedule="@daily",
+    start_date=datetime(2026, 11, 1, tzinfo=UTC),
+    catchup=False,
+    # one day at a time: each run's plan comes from the runs recorded before it
+    max_active_runs=1,
+    params={
+        "job_spec": Param(
+            str(DEFAULT_JOB_SPEC),
+            type="string",
+            minLength=1,
+            description="a path to a job spec (YAML or JSON), or the YAML document itself",
+        ),
+        "backend": Param("local", type="string", enum=["local"], description="where pods run"),
+    },
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=2)},
+    tags=["dlrover-kfp", "dlrm"],
+    doc_md=__doc__,
+) as dag:
+    plan = PlanResourcesOperator(
+        task_id="plan",
+        job_spec="{{ params.job_spec }}",
+        backend="{{ params.backend }}",
+        history_conn_id=HISTORY_CONN_ID,
+    )
+    train = ElasticTrainOperator(
+        task_id="train",
+        job_spec="{{ params.job_spec }}",
+        plan=plan.output,
+        backend="{{ params.backend }}",
+        history_conn_id=HISTORY_CONN_ID,
+        poll_interval=2.0,
+        timeout=6 * 3600,
+    )
+    record = RecordProfileOperator(
+        task_id="record",
+        profile="{{ ti.xcom_pull(task_ids='train', key='profile') }}",
+        history_conn_id=HISTORY_CONN_ID,
+    )
+    train >> record

@@ -1,0 +1,128 @@
+"""The example DAG on a real Airflow 3 (SQLite metadata database after ``airflow db migrate``),
+run by ``dag.test()`` for consecutive logical dates in a process of its own
+(``tests/airflow/dag_runs.py``): Airflow must be configured before it is first imported.
+
+``dag.test()`` runs a deferred task's trigger inline: it rebuilds the trigger from the
+classpath and kwargs of its ``serialize()``, runs it to its event and resumes the task, so a
+passing run also proves the round trip. The job is a tiny one (8,000 rows, 4 tables) so that
+two real elastic runs fit the suite's budget; ``examples/jobs/small.yaml``, the DAG's default,
+was checked by hand (docs/airflow.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow.sdk", reason="the airflow extra is not installed")
+
+from dlrover_kfp.history import open_history
+
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY_JOB = """\
+name: dlrm-tiny
+scenario: dlrm-airflow-test
+model: {embedding_dim: 8, table_sizes: [100, 50, 200, 30], dense_features: 4,
+        bottom_mlp: [16, 8], top_mlp: [16, 1]}
+data: {format: synthetic, rows: 8000, seed: 1}
+training: {batch_size: 256, epochs: 1, learning_rate: 0.05}
+resources:
+  limits: {cpu: 2, memory: 4Gi}
+  workers: {count: 1, cpu: 0.5, memory: 1Gi}
+  ps: {count: 1, cpu: 0.5, memory: 1Gi}
+elastic: {min_workers: 1, max_workers: 1, max_ps: 1}
+"""
+BAD_JOB = TINY_JOB.replace(
+    "scenario: dlrm-airflow-test\n", "scenario: dlrm-airflow-test\nbogus: 3\n"
+)
+
+
+def _history_ids(url: str) -> set[str]:
+    store = open_history(url)
+    try:
+        return {summary.run_id for summary in store.list()}
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> None:
+    (tmp_path / "tiny.yaml").write_text(TINY_JOB)
+    (tmp_path / "bad.yaml").write_text(BAD_JOB)
+    history = tmp_path / "history.db"
+    runs = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DLROVER_KFP"))}
+    env.update(
+        AIRFLOW_HOME=str(tmp_path / "airflow"),
+        AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "examples" / "airflow"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{tmp_path}/airflow.db",
+        DLROVER_KFP_HISTORY_URL=f"sqlite:///{history}",
+        DLROVER_KFP_RUNS_DIR=str(runs),
+    )
+    airflow_cli = Path(sys.executable).parent / "airflow"
+    migrate = subprocess.run(
+        [str(airflow_cli), "db", "migrate"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
+
+    # Run 1 finds the store through $DLROVER_KFP_HISTORY_URL; from run 2 on the connection
+    # dlrover_kfp_history names it while the variable names an empty decoy.
+    child = subprocess.run(
+        [
+            sys.executable, str(ROOT / "tests" / "airflow" / "dag_runs.py"),
+            "--run", f"2026-11-20={tmp_path / 'tiny.yaml'}",
+            "--run", f"2026-11-21={tmp_path / 'tiny.yaml'}",
+            "--run", f"2026-11-22={tmp_path / 'bad.yaml'}",
+            "--connection-from-run", "2",
+        ],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    log = child.stdout + child.stderr
+    assert child.returncode == 0, log[-6000:]
+    first, second, bad = json.loads(child.stdout.strip().splitlines()[-1])
+    ok = {"plan": "success", "train": "success", "record": "success"}
+
+    # Day 1: a cold start, trained, recorded, reported.
+    assert (first["state"], first["tasks"]) == ("success", ok), log[-6000:]
+    xcom: dict[str, Any] = first["xcom"]
+    run_1 = xcom["train.run_id"]
+    assert xcom["plan.return_value"]["stage"] == "cold_start"
+    assert xcom["record.return_value"] == run_1
+    train_dir = runs / "dlrm_daily_retraining" / "2026-11-20" / "train"
+    assert xcom["train.profile"] == str(train_dir / "profile.json")
+    assert (train_dir / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
+    assert xcom["train._link_RunReportLink"] == (train_dir / "report.html").as_uri()
+    assert "[DAG TEST] running trigger in line" in log
+
+    # Day 2: planned from day 1's profile, through the connection.
+    assert (second["state"], second["tasks"]) == ("success", ok), log[-6000:]
+    plan_2 = second["xcom"]["plan.return_value"]
+    assert plan_2["stage"] == "warm_start"
+    assert run_1 in plan_2["similar_jobs"]
+    run_2 = second["xcom"]["train.run_id"]
+    assert run_2 != run_1
+    assert json.loads((runs / "dlrm_daily_retraining/2026-11-21/train/plan.json").read_text()) == (
+        plan_2
+    )
+    assert _history_ids(f"sqlite:///{history}") == {run_1, run_2}
+    assert not Path(f"{history}.decoy").exists()
+
+    # Day 3: a bad job spec fails the plan task with the validation message; nothing written.
+    assert bad["state"] == "failed"
+    assert bad["tasks"] == {
+        "plan": "failed",
+        "train": "upstream_failed",
+        "record": "upstream_failed",
+    }
+    assert "job_spec: bogus: unknown key" in log
+    assert _history_ids(f"sqlite:///{history}") == {run_1, run_2}
+    assert not (runs / "dlrm_daily_retraining" / "2026-11-22").exists()
