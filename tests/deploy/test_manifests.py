@@ -388,7 +388,8 @@ def test_the_image_installs_the_package_with_the_committed_constraints() -> None
     assert len(package) == 1, f"expected one pip install of the package, got {installs}"
     argv = package[0]
     assert constraint_files(argv) == ["constraints.txt"]
-    assert ".[postgres,kubernetes]" in argv
+    # kfp: KFP runs the components' bodies in this image and installs nothing at run time
+    assert ".[postgres,kubernetes,kfp]" in argv
     assert constraint_pin("kubernetes") == "30.1.0"
     # Anything installed outside the constraints must be an exact pin with no dependencies.
     for other in installs:
@@ -398,6 +399,11 @@ def test_the_image_installs_the_package_with_the_committed_constraints() -> None
         assert "--no-deps" in other, other
         assert requirements, other
         assert all("==" in r for r in requirements), other
+
+
+def test_the_image_holds_the_kfp_components_its_tasks_import() -> None:
+    copied = {args.split()[0] for args in dockerfile("COPY")}
+    assert {"dlrover_kfp", "components"} <= copied
 
 
 def test_the_image_pins_torch_exactly_as_the_constraints_do() -> None:

@@ -127,6 +127,7 @@ def resume_after_the_pods_stop(
     return profile
 
 
+@pytest.mark.long  # 47 s; the Kubernetes test runs the same scenario with the same checks
 def test_a_master_killed_and_started_again_resumes_and_counts_every_sample_once(
     tmp_path: Path,
 ) -> None:

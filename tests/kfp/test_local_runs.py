@@ -20,15 +20,15 @@ from dlrover_kfp.history import open_history
 
 pytestmark = pytest.mark.slow
 
-#: A job that trains in a few seconds: the small example's model on 40,000 synthetic rows.
+#: A job that trains in a few seconds: the small example's model on 20,000 synthetic rows.
 JOB = (
     (Path(__file__).resolve().parents[2] / "examples" / "jobs" / "small.yaml")
     .read_text(encoding="utf-8")
-    .replace("rows: 200000", "rows: 40000")
+    .replace("rows: 200000", "rows: 20000")
     .replace("name: dlrm-small", "name: kfp-local")
     .replace("scenario: dlrm-daily-small", "scenario: kfp-local-test")
 )
-assert "rows: 40000" in JOB and "name: kfp-local" in JOB
+assert "rows: 20000" in JOB and "name: kfp-local" in JOB
 
 plan_resources = load_component_from_file(str(HERE / "plan_resources.yaml"))
 elastic_train = load_component_from_file(str(HERE / "elastic_train.yaml"))
@@ -82,7 +82,7 @@ def test_the_committed_pipeline_trains_and_records_and_a_composed_one_warm_start
     assert plan_1["stage"] == "cold_start"
     profile = json.loads(_artifact(kfp_local, "elastic-train", "profile").read_text("utf-8"))
     assert profile["run_id"] == runs[0]
-    assert profile["outcome"]["samples_processed"] == 36_000  # 40,000 rows less 10% held out
+    assert profile["outcome"]["samples_processed"] == 18_000  # 20,000 rows less 10% held out
     assert any(_artifact(kfp_local, "elastic-train", "model").iterdir())
     html = _artifact(kfp_local, "elastic-train", "report").read_text("utf-8")
     assert html.lstrip().lower().startswith("<!doctype html")
@@ -97,7 +97,7 @@ def test_the_committed_pipeline_trains_and_records_and_a_composed_one_warm_start
     metrics = retrain(job_spec=JOB, history_url=url).output
     assert set(metrics.metadata) >= {"loss", "auc", "jct_seconds", "samples_processed"}
     assert 0.5 < metrics.metadata["auc"] <= 1.0
-    assert metrics.metadata["samples_processed"] == 36_000
+    assert metrics.metadata["samples_processed"] == 18_000
     plan_2 = json.loads(_artifact(kfp_local, "plan-resources", "plan").read_text("utf-8"))
     assert plan_2["stage"] == "warm_start", plan_2
     assert plan_2["similar_jobs"] == runs, plan_2
