@@ -33,5 +33,16 @@ def emit_json(data: Any, output: str | None = None) -> None:
         sys.stdout.write(text)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (a usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def history_url(args: argparse.Namespace) -> str:
     return resolve_history_url(getattr(args, "history", None), os.environ)

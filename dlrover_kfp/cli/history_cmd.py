@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from contextlib import closing
 from typing import Any
 
+from dlrover_kfp.cli.common import positive_int
 from dlrover_kfp.core.documents import to_json
 from dlrover_kfp.core.plan import NodeGroup
 from dlrover_kfp.core.profile import JobProfile
@@ -92,7 +93,7 @@ def register(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     listing.add_argument("--scenario", default=None, help="only jobs of this scenario")
-    listing.add_argument("--limit", type=_positive_int, default=50, help="at most N jobs (50)")
+    listing.add_argument("--limit", type=positive_int, default=50, help="at most N jobs (50)")
     listing.add_argument("--json", action="store_true", help="print a JSON array instead")
     listing.set_defaults(func=_list)
 
@@ -135,16 +136,6 @@ def register(sub: Any) -> None:
     )
     exp.add_argument("file", metavar="FILE.jsonl")
     exp.set_defaults(func=_export)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _open(args: argparse.Namespace) -> SqlHistoryStore:

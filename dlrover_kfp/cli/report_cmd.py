@@ -13,7 +13,7 @@ import sys
 from contextlib import closing
 from typing import Any
 
-from dlrover_kfp.cli.common import HELP_FORMAT, add_history_option, history_url
+from dlrover_kfp.cli.common import HELP_FORMAT, add_history_option, history_url, positive_int
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import read_document, write_atomic
@@ -56,23 +56,13 @@ def register(sub: Any) -> None:
     add_history_option(parser)
     parser.add_argument(
         "--limit",
-        type=_positive_int,
+        type=positive_int,
         default=50,
         metavar="N",
         help="with --scenario: at most the N newest runs (default 50)",
     )
     parser.add_argument("-o", "--output", required=True, metavar="HTML", help="the page to write")
     parser.set_defaults(func=_run)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _run(args: argparse.Namespace) -> int:
