@@ -18,7 +18,6 @@ from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import read_document, write_atomic
 from dlrover_kfp.history import open_history
-from dlrover_kfp.report import render_run_report, render_scenario_report
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +65,9 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # matplotlib takes ~0.6 s to import: only this command pays for it, not every command
+    from dlrover_kfp.report import render_run_report, render_scenario_report  # noqa: PLC0415
+
     if (args.profile is None) == (args.scenario is None):
         raise UserInputError("report: give either PROFILE or --scenario (with --history), not both")
     if args.profile is not None:

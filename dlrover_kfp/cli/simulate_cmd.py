@@ -14,7 +14,6 @@ from dlrover_kfp.cli.progress import TerminalProgress
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings
-from dlrover_kfp.sim.cluster.plots import write_plots
 from dlrover_kfp.sim.cluster.results import aggregate, format_table
 from dlrover_kfp.sim.cluster.runner import Comparison, compare, parse_policies
 from dlrover_kfp.sim.cluster.trace import (
@@ -71,6 +70,9 @@ def _simulate(
     progress: TerminalProgress,
 ) -> list[Comparison]:
     """Every seed, every policy: one comparison per seed."""
+    # matplotlib takes ~0.6 s to import: only this command pays for it, not every command
+    from dlrover_kfp.sim.cluster.plots import write_plots  # noqa: PLC0415
+
     out = Path(args.output)
     runs: list[Comparison] = []
     began = time.monotonic()

@@ -160,6 +160,9 @@ def test_scale_up_ps_move_worker_sigkill_and_eviction_on_kubernetes(
     )
 
 
+# 14 s: the local test runs the same relaunch-bigger scenario; the Kubernetes parts (an OOM
+# kill seen in the pod's status) are in the backend's contract suite and its status tests.
+@pytest.mark.long
 def test_an_oom_killed_worker_is_relaunched_bigger_on_kubernetes(
     tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet], caplog: pytest.LogCaptureFixture
 ) -> None:

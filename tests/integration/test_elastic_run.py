@@ -129,6 +129,9 @@ def test_an_under_provisioned_job_is_scaled_up_and_trains_every_row_once(tmp_pat
     assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
 
 
+# 12 s: the relaunch of a deleted pod is decided by the policy tested in test_relaunch.py; the
+# SIGKILL test below runs the same relaunch and shard hand-back end to end.
+@pytest.mark.long
 def test_a_worker_deleted_by_someone_else_is_relaunched_and_nothing_is_lost(
     tmp_path: Path,
 ) -> None:

@@ -24,7 +24,14 @@ resources:
 """
 
 
-@pytest.mark.parametrize("mode", [["--static"], []], ids=["static", "elastic"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        # 13 s; the static run itself is tested in test_static_run.py, its flags here below
+        pytest.param(["--static"], marks=pytest.mark.long, id="static"),
+        pytest.param([], id="elastic"),
+    ],
+)
 def test_run_writes_profile_model_and_history_with_progress(
     tmp_path: Path, mode: list[str]
 ) -> None:

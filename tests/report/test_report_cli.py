@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from dlrover_kfp.cli import main as cli_main
-from dlrover_kfp.cli import report_cmd
 from dlrover_kfp.core.documents import to_json
 from dlrover_kfp.history import ENV_VAR, open_history
 from tests.factories import make_profile
@@ -17,11 +16,8 @@ from tests.report.builders import elastic_profile
 
 
 @pytest.fixture(autouse=True)
-def _cli_with_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The report command wired into the CLI (a no-op once main lists it), and no inherited
-    history URL or user data directory."""
-    if report_cmd not in cli_main._COMMANDS:
-        monkeypatch.setattr(cli_main, "_COMMANDS", (*cli_main._COMMANDS, report_cmd))
+def _no_inherited_history(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No inherited history URL or user data directory."""
     monkeypatch.delenv(ENV_VAR, raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
 
