@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+import statistics
 
 import pytest
 
@@ -392,3 +393,45 @@ def test_samples_without_pod_readings_keep_memory() -> None:
     ]
     decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
     assert decision.plan is None or decision.plan.workers.memory_mb == 8192
+
+
+def _judged(kind: str, before: float, after: float) -> str | None:
+    """The reason ``auto_scale`` rolls back a step of ``kind`` measured ``before`` -> ``after``
+    samples/s (the truth's noise scaled out), or None when the step stands."""
+    truth = Truth()
+    ctx = context_from_spec(spec(64.0), SETTINGS)
+    previous = plan(8, 4.0, 2, 4.0)
+    current = (
+        dataclasses.replace(
+            previous, workers=dataclasses.replace(previous.workers, memory_mb=2048)
+        )
+        if kind == "memory"
+        else plan(8, 2.0, 2, 2.0)
+    )
+    samples = truth.samples(current, 400.0, SAMPLES_PER_ROUND, random.Random(0))
+    scale = after / statistics.fmean(x.throughput for x in samples)
+    samples = [dataclasses.replace(x, throughput=x.throughput * scale) for x in samples]
+    step = ScalingStep(time=350.0, before=previous, throughput_before=before, kind=kind)  # type: ignore[arg-type]
+    decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS, last_step=step)
+    if decision.plan is not None and decision.kind == "rollback":
+        return decision.plan.reason
+    return None
+
+
+@pytest.mark.parametrize(
+    ("kind", "after", "undone"),
+    [
+        # memory: a dip is noise (kept); a fall of rollback_drop (20%) or more is undone
+        ("memory", 0.90, False),
+        ("memory", 0.79, True),
+        # a rollback returned to a measured configuration: never undone, however it measures
+        ("rollback", 0.70, False),
+    ],
+)
+def test_rollback_drop_undoes_a_memory_step_that_loses_a_fifth_and_never_a_rollback(
+    kind: str, after: float, undone: bool
+) -> None:
+    reason = _judged(kind, 10_000.0, 10_000.0 * after)
+    assert (reason is not None) is undone, reason
+    if undone:
+        assert reason is not None and "after the memory change" in reason

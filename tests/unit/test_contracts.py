@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 
 import jsonschema
 import pytest
@@ -43,6 +44,42 @@ GOOD = {
 )
 def test_memory_quantities(text: object, mib: int) -> None:
     assert parse_memory_mb(text) == mib
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [
+        # decimal suffixes are powers of ten (Kubernetes): k = 1e3, M = 1e6, G = 1e9 bytes,
+        # rounded up to whole MiB (2**20 bytes)
+        ("1k", 1),
+        ("1048576k", 1000),  # 1,048,576,000 bytes = 1000 MiB exactly
+        ("500M", 477),  # 476.84 MiB
+        ("1M", 1),  # 0.95 MiB
+        ("1G", 954),  # 953.67 MiB
+        ("2T", 1_907_349),  # 1,907,348.6 MiB
+        ("1.5e3M", 1431),  # 1.5e9 bytes
+    ],
+)
+def test_decimal_memory_quantities(text: str, mib: int) -> None:
+    assert parse_memory_mb(text) == mib
+
+
+def test_decimal_and_binary_suffixes_agree_with_integer_arithmetic_over_many_values() -> None:
+    """Against an exact integer ceiling, over 2,000 random whole numbers and every suffix."""
+    rng = random.Random(11)
+    powers = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+              "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}  # fmt: skip
+    for _ in range(2000):
+        suffix = rng.choice(sorted(powers))
+        n = rng.randint(1, 10**6)
+        exact = max(1, -(-n * powers[suffix] // 2**20))
+        assert parse_memory_mb(f"{n}{suffix}") == exact, (n, suffix)
+
+
+@pytest.mark.parametrize("bad", ["1K", "1m", "1Mb", "1kB"])
+def test_suffixes_kubernetes_does_not_know_are_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="memory"):
+        parse_memory_mb(bad)
 
 
 @pytest.mark.parametrize("bad", ["8 gigs", "8GB", "-1Gi", "0", "", "Gi", True, None, [1]])

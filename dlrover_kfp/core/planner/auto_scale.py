@@ -160,11 +160,15 @@ def _judge(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | No
     A growth step must pay: it must measure at least ``min_gain / 2`` more throughput (else it
     holds resources for nothing). A give-back step must keep what it promised, the lower of
     its prediction and the throughput before it, within ``give_back_tolerance``. A memory
-    step is not judged by throughput. A rollback
-    that lost ``rollback_drop`` is reported, not judged again. A step taken with nothing
-    measured before it (a restarted job's first) has no baseline: it stands.
+    step is not judged by small changes (memory does not set the speed, and noise would undo
+    it) but is undone when throughput falls ``rollback_drop`` after it: a pod squeezed into
+    swapping or collector thrash. A rollback is never undone: it returned to a configuration
+    already measured, and the one it left is abandoned (undoing it would flip-flop). A step
+    taken with nothing measured before it (a restarted job's first) has no baseline: it stands.
+
+    The judged drop, for every kind but a rollback: ``measured / throughput_before - 1``.
     """
-    if step.throughput_before <= 0:
+    if step.throughput_before <= 0 or step.kind == "rollback":
         return None
     change = measured / step.throughput_before - 1
     if step.kind == "grow" and change < s.min_gain / 2:
@@ -177,8 +181,8 @@ def _judge(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | No
             f"giving back measured {measured / promised - 1:+.0%} against the "
             f"{promised:.0f} samples/s it promised"
         )
-    if step.kind == "rollback" and change < -s.rollback_drop:
-        return f"throughput fell {-change:.0%} after the rollback"
+    if step.kind == "memory" and change < -s.rollback_drop:
+        return f"throughput fell {-change:.0%} after the memory change"
     return None
 
 

@@ -113,11 +113,14 @@ class AutoScaleSettings:
     probe_factor: float = 0.5
     #: ... but never below its mean use x (1 + headroom) (averages understate bursts).
     idle_headroom: float = 0.25
-    #: Roll back a growth step when throughput falls this much after it (DLRover: 20%) ...
+    #: Undo a memory-only step when throughput falls this much after it (DLRover's guard:
+    #: no further scaling after a fall of 20%). Memory steps are judged by nothing finer:
+    #: memory does not set the speed. A growth step is judged by ``min_gain / 2`` instead
+    #: (it must gain), a rollback never (it returned to a measured configuration) ...
     rollback_drop: float = 0.2
-    #: ... and a step that lowers the job's cost (a give-back, a probe) when it measures more
-    #: than this below what it promised: the lower of its prediction and the throughput before
-    #: it. Above the noise of a 5-sample mean (~1-2%).
+    #: ... and a step that lowers the job's cost (a give-back, a probe) is undone when it
+    #: measures more than this below what it promised: the lower of its prediction and the
+    #: throughput before it. Above the noise of a 5-sample mean (~1-2%).
     give_back_tolerance: float = 0.05
     #: Memory right-sizing. Once measured, a worker gets its peak use x (1 + this): a worker's
     #: memory is flat per batch, so its peak after ``min_samples`` samples is its need ...
