@@ -8,5 +8,5 @@
   cluster brain's history-based warm start and scaling rules (:mod:`.dlrover_oss`);
 * ``dlrover-kfp``: this package's own planner (:mod:`.planner`).
 
-The baselines' thresholds and formulas come from shared/BASELINES.md.
+The baselines' thresholds and formulas come from docs/baselines.md.
 """

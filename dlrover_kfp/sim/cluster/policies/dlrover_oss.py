@@ -2,7 +2,7 @@
 
 Two components of DLRover decide resources: the **job master's local optimizer** (Python, one job,
 no history) and the **cluster brain** (Go, a service with the history of finished jobs). This
-policy models both with the thresholds of shared/BASELINES.md. Where they overlap, one decides:
+policy models both with the thresholds of docs/baselines.md. Where they overlap, one decides:
 
 =====================================  =====================================================
 decision                               who decides
@@ -98,7 +98,7 @@ GIB = 1024
 
 @dataclass(frozen=True, slots=True)
 class DlroverOssSettings:
-    """Every threshold of the open-source DLRover heuristics (shared/BASELINES.md)."""
+    """Every threshold of the open-source DLRover heuristics (docs/baselines.md)."""
 
     # -- master: timing
     loop_interval_s: float = 30.0
