@@ -30,9 +30,10 @@ from typing import TYPE_CHECKING, Any, Final
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError
 
 from airflow_plugin import CONNECTION_TYPE
-from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.errors import DlroverKfpError, UserInputError
 from dlrover_kfp.history import SqlHistoryStore, open_history
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def _extra(conn: Connection) -> dict[str, Any]:
 def _explicit_url(conn: Connection, text: str) -> str:
     try:
         url = make_url(text)
-    except Exception:
+    except (ArgumentError, ValueError):  # not a URL at all; a port that is not a number
         raise UserInputError(
             f"connection {conn.conn_id!r}: extra url is not a SQLAlchemy URL"
         ) from None
@@ -121,7 +122,7 @@ def describe_history_url(url: str) -> str:
     """How messages name a store: the URL with its password hidden."""
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:
+    except (ArgumentError, ValueError):
         return "<unparsable history URL>"
 
 
@@ -161,7 +162,7 @@ class DlroverHistoryHook(BaseHook):
                 count = store.count()
             finally:
                 store.close()
-        except Exception as exc:
+        except DlroverKfpError as exc:  # the store's own errors hide the password
             return False, str(exc)
         return True, f"history store reachable: {count} run(s)"
 

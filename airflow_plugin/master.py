@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from collections.abc import Sequence
 
+from dlrover_kfp.errors import EXIT_FAILED_RUN
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.history import ENV_VAR
 
@@ -46,15 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = os.environ.pop(ENV_VAR, "").strip()
     if url and "--history" not in cli_args:
         cli_args += ["--history", url]
-    code = 1
+    code = EXIT_FAILED_RUN
     try:
         code = run_cli(cli_args)
     except SystemExit as exc:  # argparse: usage errors exit 2
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:  # a bug: the log gets the traceback, the status says "failed"
-        traceback.print_exc()
-        code = 1
+        code = exc.code if isinstance(exc.code, int) else EXIT_FAILED_RUN
     finally:
+        # A bug propagates with its traceback to the log; the status still says "failed" (1).
         sys.stdout.flush()
         sys.stderr.flush()
         write_atomic(status_file, json.dumps({"exit_code": code}) + "\n")

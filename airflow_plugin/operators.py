@@ -67,7 +67,14 @@ from dlrover_kfp.core.documents import parse, to_dict, to_json
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import CriteoData
-from dlrover_kfp.errors import PermanentError, SpecError, TransientError, UserInputError
+from dlrover_kfp.errors import (
+    EXIT_TRANSIENT,
+    EXIT_USER_ERROR,
+    PermanentError,
+    SpecError,
+    TransientError,
+    UserInputError,
+)
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.history import ENV_VAR
 
@@ -75,11 +82,6 @@ if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from dlrover_kfp.steps.spec import LoadedSpec
-
-#: The master's exit statuses (``dlrover-kfp``'s conventions).
-EXIT_FAILED_RUN: Final = 1
-EXIT_USER_ERROR: Final = 2
-EXIT_TRANSIENT: Final = 75
 
 #: Kubernetes options the train operator passes to ``dlrover-kfp run --backend kubernetes``.
 KUBE_OPTIONS: Final = (
@@ -495,16 +497,15 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         return _summary(profile, profile_path, report)
 
     def _write_report(self, profile: JobProfile, path: Path) -> Path | None:
-        """``report.html`` when the report package is installed; a report that cannot be drawn
-        is logged, never a reason to fail a run that trained."""
-        try:
-            from dlrover_kfp.report import render_run_report  # noqa: PLC0415 - matplotlib
-        except ImportError:
-            self.log.info("no run report: dlrover_kfp.report is not available")
-            return None
+        """``report.html`` beside the profile. The report is an extra: a run that trained must
+        still be recorded (the next task) when its report cannot be drawn or written, so any
+        error here is logged with its traceback and the task goes on without a report (the
+        KFP component does the same)."""
+        from dlrover_kfp.report import render_run_report  # noqa: PLC0415 - matplotlib: slow
+
         try:
             write_atomic(path, render_run_report(profile))
-        except Exception:
+        except Exception:  # deliberately broad, and logged: see the docstring
             self.log.exception("could not write the run report %s", path)
             return None
         self.log.info("run report: %s", path)

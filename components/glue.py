@@ -9,52 +9,53 @@ history store; a temporary failure (a locked or unreachable history) exits 75.
 
 from __future__ import annotations
 
+import html
 import json
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from dlrover_kfp.core.documents import to_json
 from dlrover_kfp.core.profile import JobProfile
-from dlrover_kfp.errors import PermanentError, TransientError, UserInputError
+from dlrover_kfp.errors import (
+    EXIT_FAILED_RUN,
+    EXIT_TRANSIENT,
+    EXIT_USER_ERROR,
+    PermanentError,
+    TransientError,
+    UserInputError,
+)
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.steps.plan import plan_step
 from dlrover_kfp.steps.record import read_profile, record_step
-from dlrover_kfp.steps.spec import load_job_spec
+from dlrover_kfp.steps.spec import TrainingFailedError, load_job_spec
 
 if TYPE_CHECKING:
     from dlrover_kfp.runtime.kube import KubeOptions
 
-T = TypeVar("T")
-
-EXIT_USER_ERROR = 2
-EXIT_TRANSIENT = 75
-
 
 @contextmanager
 def _task_errors() -> Iterator[None]:
-    """A user error (or a failed run) is one line on the task's log and exit 2, not a
-    traceback."""
+    """An error of ours is one line on the task's log and the CLI's exit status (1 a failed
+    run, 2 bad input, 75 temporary), not a traceback."""
     try:
         yield
+    except TrainingFailedError as exc:
+        print(f"dlrover-kfp: training failed: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_FAILED_RUN) from None
     except PermanentError as exc:
         print(f"dlrover-kfp: error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_USER_ERROR) from None
     except TransientError as exc:
         print(f"dlrover-kfp: temporary failure, retry: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_TRANSIENT) from None
-
-
-def _guarded(fn: Callable[[], T]) -> T:
-    with _task_errors():
-        return fn()
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 # ---- plan_resources --------------------------------------------------------------------------
@@ -71,17 +72,14 @@ def plan_resources(
     job_spec: str, history_url: str, backend: str, plan_path: str, report_path: str
 ) -> PlanOutput:
     """Stage 1's plan as a JSON document at ``plan_path``, Markdown at ``report_path``."""
-
-    def work() -> PlanOutput:
+    with _task_errors():
         result = plan_step(job_spec, history_url, backend)
         write_atomic(plan_path, to_json(result.plan) + "\n")
         write_atomic(report_path, result.markdown)
-        print(f"{result.spec.name}: {result.plan.stage.value} plan: {result.plan.reason}")
-        return PlanOutput(
-            result.plan.stage.value, result.plan.total_cpu, tuple(result.plan.similar_jobs)
-        )
-
-    return _guarded(work)
+    print(f"{result.spec.name}: {result.plan.stage.value} plan: {result.plan.reason}")
+    return PlanOutput(
+        result.plan.stage.value, result.plan.total_cpu, tuple(result.plan.similar_jobs)
+    )
 
 
 # ---- elastic_train ---------------------------------------------------------------------------
@@ -117,7 +115,7 @@ def elastic_train(
     # The trainer (torch) is imported by this step only: plan and record start fast.
     from dlrover_kfp.steps.train import read_plan, train_step  # noqa: PLC0415
 
-    def work() -> TrainOutput:
+    with _task_errors():
         loaded = load_job_spec(job_spec)  # validate before anything runs
         plan = read_plan(plan_path)
         with _run_dir(loaded.spec.name, backend, claim) as (output_dir, kube):
@@ -131,8 +129,6 @@ def elastic_train(
                 progress=_log,
             )
             return _publish(result.profile, result.model_dir, model_path, profile_path, report_path)
-
-    return _guarded(work)
 
 
 @contextmanager
@@ -159,6 +155,22 @@ def _log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _report_page(profile: JobProfile) -> str:
+    """The run's HTML report. The report is an extra: a run that trained must reach the record
+    step even when its report cannot be drawn, so a drawing error is logged with its traceback
+    and the artifact says what went wrong (the Airflow operator does the same)."""
+    from dlrover_kfp.report import render_run_report  # noqa: PLC0415  (matplotlib: slow import)
+
+    try:
+        return render_run_report(profile)
+    except Exception as exc:  # deliberately broad, and logged: see the docstring
+        traceback.print_exc()
+        return (
+            "<!doctype html><title>run report</title><p>The report of run "
+            f"{html.escape(profile.run_id)} could not be drawn: {html.escape(repr(exc))}</p>\n"
+        )
+
+
 def _publish(
     profile: JobProfile,
     model_dir: Path | None,
@@ -166,15 +178,13 @@ def _publish(
     profile_path: str,
     report_path: str,
 ) -> TrainOutput:
-    from dlrover_kfp.report import render_run_report  # noqa: PLC0415  (matplotlib: slow import)
-
     if model_dir is not None:
         target = Path(model_path)
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(model_dir, target)
     write_atomic(profile_path, to_json(profile) + "\n")
-    write_atomic(report_path, render_run_report(profile))
+    write_atomic(report_path, _report_page(profile))
     return TrainOutput(
         run_id=profile.run_id,
         loss=profile.metrics.loss,
@@ -195,14 +205,11 @@ class RecordOutput:
 
 def record_profile(profile_path: str, history_url: str, summary_path: str) -> RecordOutput:
     """Record the profile at ``profile_path``; a Markdown summary to ``summary_path``."""
-
-    def work() -> RecordOutput:
+    with _task_errors():
         result = record_step(read_profile(profile_path), history_url)
         write_atomic(summary_path, result.markdown)
-        print(json.dumps({"run_id": result.run_id, "recorded": result.new}))
-        return RecordOutput(result.run_id, result.new)
-
-    return _guarded(work)
+    print(json.dumps({"run_id": result.run_id, "recorded": result.new}))
+    return RecordOutput(result.run_id, result.new)
 
 
 __all__ = ["PlanOutput", "RecordOutput", "TrainOutput", "elastic_train", "plan_resources",

@@ -8,6 +8,13 @@ retries or the runtime's back-off should handle it.
 
 from __future__ import annotations
 
+#: The exit statuses every entry point uses (the CLI, the KFP components, the Airflow master):
+#: 1 a run that ended failed, 2 a :class:`PermanentError` (bad input: do not retry),
+#: 75 (EX_TEMPFAIL) a :class:`TransientError` (retry later).
+EXIT_FAILED_RUN = 1
+EXIT_USER_ERROR = 2
+EXIT_TRANSIENT = 75
+
 
 class DlroverKfpError(Exception):
     """Base of every error this package raises on purpose."""

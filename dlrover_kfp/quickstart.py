@@ -24,6 +24,7 @@ from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.plan import NodeGroup, Stage
 from dlrover_kfp.core.profile import AppliedPlan, JobProfile
 from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.core.summary import cpu_utilisation
 from dlrover_kfp.runtime.job import Meter, RunResult, RunSettings
 from dlrover_kfp.runtime.launch import run_local
 from dlrover_kfp.training.data import open_dataset, split_ranges
@@ -105,10 +106,8 @@ class RoundResult:
 
     @property
     def cpu_utilization(self) -> float:
-        """CPU used / requested over the whole run, all pods together."""
-        used = sum(n.cpu_used for s in self.profile.samples for n in s.nodes)
-        given = sum(n.cpu_requested for s in self.profile.samples for n in s.nodes)
-        return used / given if given else 0.0
+        """CPU used / requested over the whole run, all pods together (0 without samples)."""
+        return cpu_utilisation(self.profile) or 0.0
 
     @property
     def steady_throughput(self) -> float:

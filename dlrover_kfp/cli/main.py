@@ -25,10 +25,7 @@ from dlrover_kfp.cli import (
     schema_cmd,
     simulate_cmd,
 )
-from dlrover_kfp.errors import PermanentError, TransientError
-
-EXIT_USER_ERROR = 2
-EXIT_TRANSIENT = 75
+from dlrover_kfp.errors import EXIT_TRANSIENT, EXIT_USER_ERROR, PermanentError, TransientError
 
 _COMMANDS = (
     quickstart_cmd,

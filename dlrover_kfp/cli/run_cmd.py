@@ -18,7 +18,7 @@ from dlrover_kfp.core.documents import to_dict
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.errors import EXIT_FAILED_RUN, UserInputError
 from dlrover_kfp.files import read_document
 from dlrover_kfp.history import record_profile
 from dlrover_kfp.planning import plan_start
@@ -220,4 +220,4 @@ def _run(args: argparse.Namespace) -> int:
         "model": str(result.model_dir) if result.model_dir else None,
     }
     sys.stdout.write(json.dumps(summary, indent=2) + "\n")
-    return 0 if result.succeeded else 1
+    return 0 if result.succeeded else EXIT_FAILED_RUN

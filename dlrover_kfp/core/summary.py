@@ -6,6 +6,7 @@ reads a few numbers per job instead of parsing every profile.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -84,6 +85,14 @@ def _group_from_sample(sample: RuntimeSample, role: str) -> NodeGroup:
     cpu = sample.worker_cpu if role == "worker" else sample.ps_cpu
     memory = max((n.memory_requested_mb for n in nodes), default=0)
     return NodeGroup(count=count, cpu=cpu, memory_mb=memory)
+
+
+def cpu_utilisation(profile: JobProfile) -> float | None:
+    """Cores used / cores requested, summed over every sample and pod of the run; None without
+    any sample (the quickstart's table, the run report and the scenario page all show it)."""
+    used = math.fsum(n.cpu_used for s in profile.samples for n in s.nodes)
+    given = math.fsum(n.cpu_requested for s in profile.samples for n in s.nodes)
+    return used / given if given > 0 else None
 
 
 def summarize(profile: JobProfile) -> JobSummary:

@@ -9,14 +9,13 @@ Pure: a profile in, a string out; the CLI writes it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 from dlrover_kfp.core.observation import Observation
 from dlrover_kfp.core.perf_model import FitSettings, PerfModel, fit
 from dlrover_kfp.core.plan import NodeGroup
 from dlrover_kfp.core.profile import AppliedPlan, JobProfile
-from dlrover_kfp.core.summary import summarize
+from dlrover_kfp.core.summary import cpu_utilisation, summarize
 from dlrover_kfp.report import html, plots
 
 
@@ -40,13 +39,6 @@ def plan_shape(workers: NodeGroup, ps: NodeGroup) -> str:
     """``2w×1 + 1ps×0.5 = 2.5 cores``."""
     total = workers.total_cpu + ps.total_cpu
     return f"{workers.count}w×{workers.cpu:g} + {ps.count}ps×{ps.cpu:g} = {total:g} cores"
-
-
-def cpu_utilisation(profile: JobProfile) -> float | None:
-    """Cores used / cores requested, summed over every sample and pod; None without any."""
-    used = math.fsum(n.cpu_used for s in profile.samples for n in s.nodes)
-    given = math.fsum(n.cpu_requested for s in profile.samples for n in s.nodes)
-    return used / given if given > 0 else None
 
 
 def _optional(value: float | None, pattern: str) -> str:

@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 
 from dlrover_kfp.core.plan import NodeGroup
 from dlrover_kfp.core.profile import JobProfile
-from dlrover_kfp.core.summary import parse_timestamp, summarize
+from dlrover_kfp.core.summary import cpu_utilisation, parse_timestamp, summarize
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.report import html, plots
-from dlrover_kfp.report.run import cpu_utilisation, format_seconds, plan_shape
+from dlrover_kfp.report.run import format_seconds, plan_shape
 
 
 def start_groups(profile: JobProfile) -> tuple[NodeGroup, NodeGroup]:

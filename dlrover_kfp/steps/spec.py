@@ -12,12 +12,18 @@ from typing import Final
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.errors import PermanentError, UserInputError
 from dlrover_kfp.files import read_document
 from dlrover_kfp.history import resolve_history_url
 from dlrover_kfp.planning import local_planner_settings
 
 BACKENDS: Final = ("local", "kubernetes")
+
+
+class TrainingFailedError(PermanentError):
+    """The run ended failed (its pods failed beyond the relaunch budget, or a PS was lost
+    without a checkpoint); its profile is in the history and in the output directory. Here,
+    not in the train step's module, so that callers can catch it without importing torch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,7 @@ def planner_for(backend: str) -> PlannerSettings:
 __all__ = [
     "BACKENDS",
     "LoadedSpec",
+    "TrainingFailedError",
     "check_backend",
     "history_url_or_default",
     "load_job_spec",

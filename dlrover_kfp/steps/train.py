@@ -10,13 +10,19 @@ from pathlib import Path
 
 from dlrover_kfp import __version__
 from dlrover_kfp.core.plan import ResourcePlan
-from dlrover_kfp.errors import PermanentError, UserInputError
+from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import read_document
 from dlrover_kfp.history import record_profile
 from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings
 from dlrover_kfp.runtime.kube import DEFAULT_MOUNT_PATH, KubeOptions, master_host, run_kubernetes
 from dlrover_kfp.runtime.launch import run_local
-from dlrover_kfp.steps.spec import check_backend, history_url_or_default, load_job_spec, planner_for
+from dlrover_kfp.steps.spec import (
+    TrainingFailedError,
+    check_backend,
+    history_url_or_default,
+    load_job_spec,
+    planner_for,
+)
 
 #: Where a pod finds its own namespace (every pod with a service account token has it).
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -24,11 +30,6 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 #: The environment variable that names the worker and PS pods' image in a cluster; default:
 #: the project's image at this package's version (deploy/build.sh tags it so).
 IMAGE_ENV = "DLROVER_KFP_IMAGE"
-
-
-class TrainingFailedError(PermanentError):
-    """The run ended failed (its pods failed beyond the relaunch budget, or a PS was lost
-    without a checkpoint); its profile is in the history and in the output directory."""
 
 
 def read_plan(path: str | os.PathLike[str]) -> ResourcePlan:
@@ -122,4 +123,4 @@ def train_step(
     return result
 
 
-__all__ = ["IMAGE_ENV", "TrainingFailedError", "in_cluster_options", "read_plan", "train_step"]
+__all__ = ["IMAGE_ENV", "in_cluster_options", "read_plan", "train_step"]

@@ -104,6 +104,13 @@ def test_an_explicit_url_in_extra_wins_and_takes_the_password_field() -> None:
             "not a JSON",
         ),
         ({"conn_type": "postgres", "host": "h", "extra": f'["{SECRET}"]'}, "not a JSON object"),
+        # make_url's two refusals: not a URL at all, and a port that is not a number
+        ({"conn_type": "sqlite", "extra": '{"url": "not a url"}'}, "not a SQLAlchemy URL"),
+        (
+            {"conn_type": "sqlite", "password": SECRET,
+             "extra": '{"url": "postgresql://u@h:port/db"}'},
+            "not a SQLAlchemy URL",
+        ),
     ],
 )
 def test_a_connection_that_names_no_store_is_a_user_error_without_its_password(
@@ -126,6 +133,7 @@ def test_the_hook_reads_its_connection_and_describes_the_store_without_the_passw
     assert SECRET not in shown and "***" in shown
     assert SECRET not in repr(hook)
     assert describe_history_url("not a url ://") == "<unparsable history URL>"
+    assert describe_history_url("postgresql://u:pw@h:port/db") == "<unparsable history URL>"
 
 
 def test_the_hook_opens_a_sqlite_store(tmp_path: Path) -> None:

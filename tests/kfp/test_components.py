@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import runpy
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import yaml
@@ -143,3 +144,16 @@ def test_the_example_pipeline_compiles_with_the_master_wiring(tmp_path: Path) ->
     }  # fmt: skip
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert executors["exec-elastic-train"]["pvcMount"][0]["mountPath"] == "/var/lib/dlrover-kfp"
+
+
+def test_a_report_that_cannot_be_drawn_is_logged_and_the_train_step_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from components import glue  # noqa: PLC0415
+
+    with mock.patch(
+        "dlrover_kfp.report.render_run_report", autospec=True, side_effect=ValueError("no <b>")
+    ):
+        page = glue._report_page(make_profile(run_id="run-1"))
+    assert "run-1 could not be drawn: ValueError(&#x27;no &lt;b&gt;&#x27;)" in page
+    assert "Traceback" in capsys.readouterr().err  # logged, not swallowed

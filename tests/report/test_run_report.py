@@ -11,9 +11,9 @@ import matplotlib
 import pytest
 
 from dlrover_kfp.core.profile import JobProfile
-from dlrover_kfp.core.summary import summarize
+from dlrover_kfp.core.summary import cpu_utilisation, summarize
 from dlrover_kfp.report import render_run_report
-from dlrover_kfp.report.run import cpu_utilisation, fit_run_model, format_seconds
+from dlrover_kfp.report.run import fit_run_model, format_seconds
 from tests.factories import make_profile
 from tests.report.builders import EVENTS, REASONS, elastic_profile
 
