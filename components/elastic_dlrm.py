@@ -109,9 +109,9 @@ def record_profile(
     summary.metadata["recorded"] = out.new
 
 
-def as_job_master(task: dsl.PipelineTask, claim: str | PipelineParameterChannel) -> (
-    dsl.PipelineTask
-):
+def as_job_master(
+    task: dsl.PipelineTask, claim: str | PipelineParameterChannel
+) -> dsl.PipelineTask:
     """Make an ``elastic_train`` task a job master in the cluster: its own pod IP, name and
     uid from the downward API (its pods reach it at that IP and are owned by its pod), and the
     run's claim mounted where the worker and PS pods mount it."""

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from dlrover_kfp.cli.common import HELP_FORMAT
+from dlrover_kfp.cli.common import HELP_FORMAT, positive_float
 from dlrover_kfp.cli.progress import TerminalProgress
+from dlrover_kfp.core.planner.settings import AutoScaleSettings, PlannerSettings
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings
 from dlrover_kfp.sim.cluster.results import aggregate, format_table
 from dlrover_kfp.sim.cluster.runner import Comparison, compare, parse_policies
 from dlrover_kfp.sim.cluster.trace import (
+    FAMILIES,
     TraceJob,
     cluster_size_for,
     read_trace,
@@ -47,9 +50,37 @@ def register(sub: Any) -> None:
     parser.add_argument("--seeds", type=int, default=1, help="seeds to run (default 1)")
     parser.add_argument(
         "--family",
-        choices=("ps-contention", "roofline"),
+        choices=FAMILIES,
         default="ps-contention",
-        help="truth family of a synthetic trace (default ps-contention)",
+        help="truth family of a synthetic trace (default ps-contention; docs/simulator.md)",
+    )
+    parser.add_argument(
+        "--stragglers",
+        choices=("pai", "off"),
+        default="pai",
+        help="workers' paces: as measured in the Alibaba PAI data (default), or all equal",
+    )
+    parser.add_argument(
+        "--cluster-scale",
+        type=positive_float,
+        default=1.0,
+        metavar="X",
+        help="nodes = X times the size the trace is sized for (default 1; at least one node)",
+    )
+    parser.add_argument(
+        "--objective",
+        choices=("cost", "fastest"),
+        default=None,
+        help="dlrover-kfp's planning objective (default: the planner's, "
+        f"{AutoScaleSettings().objective}; docs/planner.md)",
+    )
+    parser.add_argument(
+        "--throughput-floor",
+        type=positive_float,
+        default=None,
+        metavar="F",
+        help="the objective's floor, a share of the best throughput in (0, 1] (default: the "
+        f"planner's, {AutoScaleSettings().throughput_floor:g})",
     )
     parser.add_argument(
         "--policies", default=DEFAULT_POLICIES, help=f"comma separated (default {DEFAULT_POLICIES})"
@@ -58,9 +89,28 @@ def register(sub: Any) -> None:
     parser.set_defaults(func=_run)
 
 
-def _cluster(jobs: list[TraceJob]) -> ClusterSettings:
+def _cluster(jobs: list[TraceJob], scale: float) -> ClusterSettings:
     nodes, cpu, memory = cluster_size_for(jobs)
+    nodes = max(1, round(nodes * scale))
     return ClusterSettings(nodes=nodes, node_cpu=cpu, node_memory_mb=memory)
+
+
+def _planner(args: argparse.Namespace) -> PlannerSettings | None:
+    """dlrover-kfp's settings with the objective flags applied; None: the defaults."""
+    if args.objective is None and args.throughput_floor is None:
+        return None
+    if args.throughput_floor is not None and args.throughput_floor > 1:
+        raise UserInputError(
+            f"--throughput-floor: must be in (0, 1], got {args.throughput_floor:g}"
+        )
+    base = PlannerSettings()
+    auto = base.auto_scale
+    auto = dataclasses.replace(
+        auto,
+        objective=args.objective or auto.objective,
+        throughput_floor=args.throughput_floor or auto.throughput_floor,
+    )
+    return dataclasses.replace(base, auto_scale=auto)
 
 
 def _simulate(
@@ -93,13 +143,15 @@ def _simulate(
                 raise UserInputError(f"{args.trace}: the trace holds no jobs")
         else:
             jobs = synthetic_trace(args.synthetic, seed, family=args.family)
-        cluster = _cluster(jobs)
+        cluster = _cluster(jobs, args.cluster_scale)
         progress(
             f"seed {seed}: {len(jobs)} jobs on {cluster.nodes} nodes x "
             f"{cluster.node_cpu:g} cpu / {cluster.node_memory_mb // 1024} GiB; "
             f"policies {', '.join(policies)}"
         )
-        runs.append(compare(jobs, policies, cluster, faults, seed, progress=done))
+        runs.append(
+            compare(jobs, policies, cluster, faults, seed, progress=done, planner=_planner(args))
+        )
         if seed == args.seed:
             out.mkdir(parents=True, exist_ok=True)
             write_trace(out / "trace.jsonl", jobs, description=f"seed {seed}")
@@ -115,7 +167,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.synthetic is not None and args.synthetic < 1:
         raise UserInputError(f"--synthetic: must be at least 1, got {args.synthetic}")
     out = Path(args.output)
-    faults = FaultSettings()
+    faults = FaultSettings(stragglers=args.stragglers == "pai")
+    _planner(args)  # a bad floor fails before anything runs
     with TerminalProgress("policies simulated") as progress:
         runs = _simulate(args, policies, faults, progress)
     table = aggregate([r.summaries for r in runs])
@@ -127,6 +180,11 @@ def _run(args: argparse.Namespace) -> int:
             {"seed": r.seed, "summaries": [s.to_dict() for s in r.summaries]} for r in runs
         ],
         "source": args.trace or f"synthetic {args.synthetic} jobs ({args.family})",
+        "cluster_scale": args.cluster_scale,
+        "planner": {
+            "objective": (args.objective or AutoScaleSettings().objective),
+            "throughput_floor": (args.throughput_floor or AutoScaleSettings().throughput_floor),
+        },
         "seeds": list(range(args.seed, args.seed + args.seeds)),
         "faults": {k: getattr(faults, k) for k in faults.__dataclass_fields__},
     }

@@ -43,8 +43,7 @@ def plan_markdown(spec: JobSpec, plan: ResourcePlan) -> str:
         "",
         "| role | pods | CPU per pod (cores) | memory per pod (MiB) |",
         "|---|---:|---:|---:|",
-        f"| worker | {plan.workers.count} | {cores(plan.workers.cpu)} | "
-        f"{plan.workers.memory_mb} |",
+        f"| worker | {plan.workers.count} | {cores(plan.workers.cpu)} | {plan.workers.memory_mb} |",
         f"| PS | {plan.ps.count} | {cores(plan.ps.cpu)} | {plan.ps.memory_mb} |",
         f"| **total** | {plan.workers.count + plan.ps.count} | {cores(plan.total_cpu)} | "
         f"{plan.total_memory_mb} |",

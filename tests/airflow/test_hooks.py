@@ -107,8 +107,11 @@ def test_an_explicit_url_in_extra_wins_and_takes_the_password_field() -> None:
         # make_url's two refusals: not a URL at all, and a port that is not a number
         ({"conn_type": "sqlite", "extra": '{"url": "not a url"}'}, "not a SQLAlchemy URL"),
         (
-            {"conn_type": "sqlite", "password": SECRET,
-             "extra": '{"url": "postgresql://u@h:port/db"}'},
+            {
+                "conn_type": "sqlite",
+                "password": SECRET,
+                "extra": '{"url": "postgresql://u@h:port/db"}',
+            },
             "not a SQLAlchemy URL",
         ),
     ],

@@ -48,6 +48,7 @@ MIB = 2**20
 QUIET = FaultSettings(
     node_failure_per_hour=0.0,
     eviction_per_pod_hour=0.0,
+    crash_per_pod_hour=0.0,
     straggler_job_fraction=0.0,
     hot_ps_job_fraction=0.0,
 )
@@ -630,3 +631,147 @@ def test_the_planner_keeps_overlapping_runs_of_one_scenario_apart() -> None:
     assert first.spec.name == second.spec.name
     result = Simulation([first, second], PlannerPolicy(), cluster(), QUIET, seed=0).run()
     assert all(o.succeeded for o in result.outcomes)
+
+
+# --------------------------------------------------------------------------------------------
+# Paces, CPU at pace, profiling, elastic starts, reservations
+
+
+def test_a_static_jobs_pods_use_cpu_at_its_slowest_workers_pace() -> None:
+    """Every worker on a node at half speed: a static job does half the work per second and
+    its pods use half the CPU (the fast pace's cores idle, as a static partition's do); an
+    elastic job's workers keep their cores busy at the slow pace. PS work follows samples."""
+    model = StragglerModel(
+        patterns=((2.0,) * 10,),
+        slowdowns=(1.0,),
+        episode_onset=0.5,
+        episode_duration=0.1,
+        episode_ratios=(1.0,),
+    )
+
+    def mean_cpu(elastic: bool, role: str) -> float:
+        recorder = FixedPolicy(elastic=elastic)
+        sim = Simulation([make_job("pace")], recorder, cluster(), QUIET, seed=0, stragglers=model)
+        sim.run()
+        (profile,) = recorder.profiles
+        return statistics.fmean(
+            n.cpu_used for s in profile.samples for n in s.nodes if n.role == role
+        )
+
+    assert mean_cpu(False, "worker") == pytest.approx(mean_cpu(True, "worker") / 2, rel=0.02)
+    assert mean_cpu(False, "ps") == pytest.approx(mean_cpu(True, "ps"), rel=0.02)
+    paced = Simulation([make_job("pace")], ManualPolicy(), cluster(), QUIET, seed=0).run()
+    slow = Simulation(
+        [make_job("pace")], ManualPolicy(), cluster(), QUIET, seed=0, stragglers=model
+    ).run()
+    assert jct(by_id(slow)["pace"]) > 1.8 * jct(by_id(paced)["pace"])
+
+
+class ResizingPolicy(FixedPolicy):
+    """Grows to 8 workers at its first decision, then back to 4 at its fourth."""
+
+    def decide(self, job: JobView) -> ResourcePlan | None:
+        super().decide(job)
+        w = job.plan.workers
+        count = {1: 8, 4: 4}.get(len(self.seen))
+        if count is None:
+            return None
+        return ResourcePlan(
+            workers=NodeGroup(count=count, cpu=w.cpu, memory_mb=w.memory_mb),
+            ps=job.plan.ps,
+            stage=Stage.AUTO_SCALE,
+            reason="resize",
+        )
+
+
+def test_a_workers_pace_is_kept_through_resizes() -> None:
+    """Paces are drawn once per job and slot: after growing and shrinking, worker k reports
+    the same share of the throughput as before (no redraw at every resize)."""
+    model = StragglerModel(
+        patterns=((1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8, 1.9),),
+        slowdowns=(1.0,),
+        episode_onset=0.5,
+        episode_duration=0.1,
+        episode_ratios=(1.0,),
+    )
+    policy = ResizingPolicy(elastic=True)
+    job = make_job("resized", hours=2.0)
+    Simulation([job], policy, cluster(), QUIET, seed=5, stragglers=model).run()
+    (profile,) = policy.profiles
+    four = [s for s in profile.samples if s.workers == 4]
+    first = [s for s in four if s.time < 200]
+    last = four[-1]
+
+    def shares(sample: object) -> list[float]:
+        nodes = [n for n in sample.nodes if n.role == "worker"]  # type: ignore[attr-defined]
+        total = sum(n.throughput or 0.0 for n in nodes)
+        return [round((n.throughput or 0.0) / total, 3) for n in nodes]
+
+    assert any(s.workers == 8 for s in profile.samples)
+    assert first and shares(first[0]) == shares(last)
+    assert len(set(shares(last))) > 1  # the paces differ, so the check means something
+
+
+class ProfilingPolicy(FixedPolicy):
+    """Asks the engine to profile two smaller configurations before training."""
+
+    def profile_plans(self, spec: JobSpec, plan: ResourcePlan) -> list[ResourcePlan]:
+        return [
+            dataclasses.replace(plan, workers=dataclasses.replace(plan.workers, count=c))
+            for c in (1, 2)
+        ] + [dataclasses.replace(plan, workers=dataclasses.replace(plan.workers, count=99))]
+
+    def decide(self, job: JobView) -> ResourcePlan | None:
+        self.profiled = dict(job.profiled)
+        return super().decide(job)
+
+
+def test_profiling_runs_a_few_steps_per_configuration_and_reports_them() -> None:
+    job = make_job("profiled")
+    policy = ProfilingPolicy(elastic=False)
+    result = Simulation([job], policy, cluster(), QUIET, seed=0, stragglers=even_workers())
+    (outcome,) = result.run().outcomes
+    truth = job.truth.throughput
+    batch = job.spec.training.batch_size
+    steps = QUIET.profile_warmup_steps + QUIET.profile_steps
+    expected = 0.0
+    for w in (1, 2):  # the 99-worker one does not fit the job's pods and is skipped
+        x = truth.throughput(w, 2, 8.0, 8.0, batch)
+        expected += QUIET.relaunch_s + steps * w * batch / x
+        assert policy.profiled[(w, 2)] == pytest.approx(x, rel=4 * QUIET.noise)
+    assert set(policy.profiled) == {(1, 2), (2, 2)}
+    assert outcome.profile_s == pytest.approx(expected)
+    assert 60 < outcome.profile_s < 900  # minutes, not the hour an interval-based one took
+
+
+def test_an_elastic_job_starts_with_the_workers_that_fit_and_a_static_one_waits() -> None:
+    """One 64-core node holds a 48-core job; a second job (4 workers x 8 + 1 PS x 8) finds
+    16 cores: elastic, it starts with what fits now (its PS and one worker); static, it
+    waits for the first to end."""
+    jobs = [make_job("a"), make_job("b", ps=1, arrival_s=120.0)]
+    elastic = Simulation(jobs, FixedPolicy(elastic=True), cluster(1), QUIET, seed=0).run()
+    static = Simulation(jobs, FixedPolicy(elastic=False), cluster(1), QUIET, seed=0).run()
+    eb, sb = by_id(elastic)["b"], by_id(static)["b"]
+    assert eb.started_at is not None and eb.started_at <= 240.0
+
+    assert sb.started_at is not None and sb.started_at >= by_id(static)["a"].finished_at  # type: ignore[operator]
+    assert max(u.cpu_allocated for u in elastic.utilisation) <= NODE_CPU + 1e-9
+
+
+def test_a_long_waiting_job_stops_the_backfill_until_it_starts() -> None:
+    """A big job behind a stream of small ones: without the reservation the small ones keep
+    the node busy and it waits for the stream to end; with it, it starts within a job's
+    length of its reservation."""
+    big = make_job("big", workers=6, arrival_s=60.0)  # 64 cores: the whole node
+    small = [make_job(f"s{i}", workers=1, ps=1, arrival_s=1800.0 * i, hours=1.0) for i in range(40)]
+    jobs = [big, *small]
+
+    def wait(reserve_after_s: float) -> float:
+        settings = dataclasses.replace(cluster(1), reserve_after_s=reserve_after_s)
+        result = Simulation(jobs, ManualPolicy(), settings, QUIET, seed=0).run()
+        started = by_id(result)["big"].started_at
+        assert started is not None
+        return started - big.arrival_s
+
+    assert wait(3600.0) <= 3600.0 + 2 * HOUR
+    assert wait(1e12) > 10 * HOUR

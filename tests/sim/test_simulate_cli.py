@@ -59,6 +59,7 @@ def test_synthetic_comparison_writes_results_and_the_trace(
         (["--synthetic", "0"], "--synthetic"),
         (["--synthetic", "5", "--seeds", "0"], "--seeds"),
         (["--trace", "nope.jsonl"], "nope.jsonl"),
+        (["--synthetic", "5", "--throughput-floor", "1.5"], "--throughput-floor"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -69,6 +70,38 @@ def test_bad_input_is_one_line_and_exit_2(
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_family_stragglers_scale_and_objective_reach_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["simulate", "--synthetic", "12", "--family", "trainer", "--stragglers", "off"]
+    argv += ["--cluster-scale", "0.5", "--objective", "cost", "--throughput-floor", "0.6"]
+    code = main([*argv, "--policies", "manual,dlrover-kfp", "--output", str(out)])
+    _, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    document = json.loads((out / "results.json").read_text())
+    assert document["source"] == "synthetic 12 jobs (trainer)"
+    assert document["faults"]["stragglers"] is False
+    assert document["cluster_scale"] == 0.5
+    assert document["planner"] == {"objective": "cost", "throughput_floor": 0.6}
+    full = read_trace(out / "trace.jsonl")
+    assert all(j.truth.throughput.family == "trainer" for j in full)
+    nodes = int(stderr.split(" jobs on ")[1].split(" nodes")[0])
+    code = main(["simulate", "--synthetic", "12", "--policies", "manual", "--output", str(out)])
+    _, again = capsys.readouterr()
+    assert nodes == max(1, round(int(again.split(" jobs on ")[1].split(" nodes")[0]) * 0.5))
+
+
+@pytest.mark.parametrize("flag", ["--cluster-scale", "--throughput-floor"])
+def test_a_non_positive_number_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "--synthetic", "5", flag, "-1", "--output", str(tmp_path / "o")])
+    assert exit_info.value.code == 2
+    assert "must be a number above 0" in capsys.readouterr().err
 
 
 def test_table_columns_stay_apart_when_seeds_spread() -> None:

@@ -54,18 +54,31 @@ def test_factors_are_slowdowns_one_per_worker(model: StragglerModel, workers: in
         assert all(1.0 <= f <= MAX_SLOWDOWN for f in factors)
 
 
-def test_most_workers_are_typical_and_half_the_jobs_have_a_straggler(
+def test_persistent_imbalance_is_the_measured_size_and_kept_per_slot(
     model: StragglerModel,
 ) -> None:
+    """Workers differ by up to the ~10 % the job files show, for the whole job: no heavy
+    stragglers in the pattern (those are episodes), and the same seed gives the same factor
+    to the same worker slot however many workers are asked for (restarts and resizes keep a
+    worker's pace)."""
+    largest = max(max(p) for p in model.patterns)
+    assert 1.05 <= largest <= 1.15
     rng = random.Random(0)
     draws = [model.slowdown_factors(rng, 10) for _ in range(3000)]
     everything = [f for draw in draws for f in draw]
+    assert all(1.0 <= f <= largest for f in everything)
     assert 1.0 <= statistics.median(everything) <= 1.05
-    with_straggler = sum(max(draw) > 1.3 for draw in draws) / len(draws)
-    assert 0.35 <= with_straggler <= 0.65  # the CoV data: 49 % of the jobs
-    # A smaller job catches a straggler less often (it holds fewer of the slow workers).
-    small = [model.slowdown_factors(rng, 4) for _ in range(3000)]
-    assert sum(max(draw) > 1.3 for draw in small) / len(small) < with_straggler - 0.15
+    for seed in range(200):
+        many = model.slowdown_factors(random.Random(seed), 37)
+        for n in (1, 4, 10, 16, 30):
+            assert model.slowdown_factors(random.Random(seed), n) == many[:n]
+
+
+def test_the_cov_data_reads_as_stragglers_in_a_share_of_jobs(model: StragglerModel) -> None:
+    """The single-straggler reading of the CoV file, kept as the reference for the share of
+    jobs with a straggler (docs/simulator.md): 39 % slower than 1.5x, 49 % than 1.3x."""
+    assert model.straggler_share(1.5) == pytest.approx(0.39, abs=0.005)
+    assert model.straggler_share(1.3) == pytest.approx(0.49, abs=0.005)
 
 
 def test_draws_are_deterministic_per_seed(model: StragglerModel) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dlrover_kfp.core.documents import parse, to_dict
+from dlrover_kfp.core.footprint import RUNTIME_MB, min_ps_memory_mb
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.sim.cluster.trace import (
@@ -63,9 +64,9 @@ def test_jobs_come_sorted_with_ids_in_arrival_order(trace500: list[TraceJob]) ->
 
 def test_manual_configuration_is_calibrated(trace500: list[TraceJob]) -> None:
     c = calibration(trace500)
-    assert 0.20 <= c.cpu_utilisation <= 0.30
+    assert 0.20 <= c.cpu_utilisation <= 0.32
     assert 0.15 <= c.memory_utilisation <= 0.35
-    assert 0.06 <= c.oom_fraction <= 0.15
+    assert 0.02 <= c.oom_fraction <= 0.12
     assert 0.02 <= c.few_workers_fraction <= 0.08
     assert c.recurring_fraction >= 0.7
     assert 15 * 60 <= c.jct_p10_s < c.jct_median_s < c.jct_p90_s <= 4.5 * 3600
@@ -90,18 +91,36 @@ def test_every_spec_is_valid_and_requests_are_plausible(trace500: list[TraceJob]
         assert job.total_samples == (job.spec.dataset_rows or 0) * job.spec.training.epochs > 0
 
 
-def test_oom_tail_outgrows_its_request_midway(trace500: list[TraceJob]) -> None:
+def test_short_ps_requests_come_from_the_users_guess_not_a_flag(trace500: list[TraceJob]) -> None:
+    """A PS request is a log-normal guess at the peak, rounded up to a size users write: some
+    fall short (those jobs OOM under manual once their PS grow past it), most hold it."""
     ooms = [(j, manual_oom_progress(j)) for j in trace500 if manual_oom_progress(j) is not None]
-    assert ooms
+    assert 0.02 * len(trace500) <= len(ooms) <= 0.12 * len(trace500)
     for job, progress in ooms:
-        assert progress is not None and 0.2 < progress < 1.0
+        assert progress is not None and 0.0 <= progress < 1.0
         memory = job.truth.memory
-        assert memory.ps_used_mb(progress - 0.01, job.ps.count) <= job.ps.memory
         assert memory.ps_peak_mb(job.ps.count) > job.ps.memory
-    healthy = [j for j in trace500 if manual_oom_progress(j) is None]
-    for job in healthy:
-        # 2-4x the real peak (the daily jitter moves the peak by up to ~5 %).
-        assert job.ps.memory >= 1.8 * job.truth.memory.ps_peak_mb(job.ps.count)
+        if progress > 0.01:
+            assert memory.ps_used_mb(progress - 0.01, job.ps.count) <= job.ps.memory
+        # a size a user writes (whole GiB), not the truth's usage at some progress
+        assert job.ps.memory % 1024 == 0  # MiB
+    ratios = sorted(j.ps.memory / j.truth.memory.ps_peak_mb(j.ps.count) for j in trace500)
+    assert 1.5 <= ratios[len(ratios) // 2] <= 3.5  # the median guess is about 2x, rounded up
+    assert ratios[-1] > 4 * ratios[len(ratios) // 10]  # a wide guess, not a fixed factor
+
+
+def test_memory_truths_do_not_come_from_the_planners_footprint(trace500: list[TraceJob]) -> None:
+    """The PS state per row is the truth's own (slots, hash entries, load factor, allocator):
+    against the planner's floor formula, the ratio varies widely from job to job and lies on
+    both sides of 1, so the planner's projection bounds nothing by construction."""
+    ratios = []
+    for job in trace500:
+        model = job.spec.model
+        floor = min_ps_memory_mb(model, 1) - RUNTIME_MB  # all rows, slots and snapshot
+        ratios.append(job.truth.memory.ps_end_mb / floor)
+    ratios.sort()
+    assert ratios[len(ratios) // 10] < 0.8 and ratios[-len(ratios) // 10] > 1.0
+    assert ratios[-len(ratios) // 10] / ratios[len(ratios) // 10] > 2.0
 
 
 def test_recurring_scenarios_repeat_daily_with_small_drift(trace500: list[TraceJob]) -> None:

@@ -18,8 +18,9 @@ from dlrover_kfp.sim.cluster.truth import (
     MemoryTruth,
     PsContentionTruth,
     RooflineTruth,
+    TrainerTruth,
+    closed_loop_step,
 )
-from dlrover_kfp.sim.workload import Truth
 
 CONTENTION = PsContentionTruth(
     base=2e-3,
@@ -39,42 +40,55 @@ ROOFLINE = RooflineTruth(
     ps_threads=8.0,
     fanout=5e-4,
 )
+TRAINER = TrainerTruth(
+    base=1e-4,
+    compute=1.7e-5,
+    alpha=1.05,
+    serial=0.08,
+    worker_threads=8.0,
+    ps_work=4.8e-6,
+    critical=0.3,
+    ps_threads=8.0,
+)
 GRID = list(
     itertools.product((1, 2, 5, 16, 32), (1, 3, 8, 15), (0.5, 1.0, 4.0, 16.0), (0.5, 2.0, 8.0))
 )
-Truths = PsContentionTruth | RooflineTruth
+Truths = PsContentionTruth | RooflineTruth | TrainerTruth
 
 
-def test_ps_contention_is_the_workload_truth() -> None:
-    """Same parameters, same numbers as dlrover_kfp.sim.workload.Truth (the form it copies)."""
-    reference = Truth(batch=512)
+@pytest.mark.parametrize("truth", [CONTENTION, ROOFLINE, TRAINER], ids=lambda t: t.family)
+def test_the_ps_wait_is_consistent_with_its_utilisation(truth: Truths) -> None:
+    """The PS is a closed-loop queue: at every shape, the step time is the worker's own time
+    plus the critical share of one request's PS time over (1 − ρ), where ρ is the PS's own
+    utilisation (the cores it uses over the cores it can keep busy), and ρ < 1."""
+    batch = 512
     for w, p, lw, lp in GRID:
-        config = Config(w, p, lw, lp)
-        assert CONTENTION.throughput(w, p, lw, lp, 512) == pytest.approx(
-            reference.throughput(config), rel=1e-12
-        )
-        assert CONTENTION.usage(w, p, lw, lp, 512) == pytest.approx(
-            reference.usage(config), rel=1e-12
-        )
+        x, _, ps_used = truth.evaluate(w, p, lw, lp, batch)
+        step = w * batch / x
+        ep = min(lp, truth.ps_threads)
+        rho = ps_used / ep
+        assert 0.0 <= rho < 1.0
+        if isinstance(truth, TrainerTruth):
+            busy = truth.ps_work * batch / (p * ep)
+            wait = truth.critical * busy
+            own = step - wait / (1 - rho)
+        else:
+            busy = wait = truth.ps_cost * batch / (p * ep)
+            own = step - wait / (1 - rho)
+        assert rho == pytest.approx(w * busy / step, rel=1e-9)
+        assert own > 0
+        assert closed_loop_step(own, wait, busy, w) == pytest.approx(step, rel=1e-9)
 
 
-@pytest.mark.parametrize("truth", [CONTENTION, ROOFLINE], ids=["ps-contention", "roofline"])
-def test_usage_is_within_request_and_matches_the_work_rate(truth: Truths) -> None:
-    for w, p, lw, lp in GRID:
-        x, worker_used, ps_used = truth.evaluate(w, p, lw, lp, 512)
-        assert x > 0
-        assert 0 < worker_used <= lw + 1e-12
-        assert 0 < ps_used <= lp + 1e-12
-        # The PS set does ps_cost core-seconds per sample, split evenly: cores = rate x cost.
-        assert ps_used == pytest.approx(truth.ps_cost * x / p, rel=1e-9)
-        assert truth.throughput(w, p, lw, lp, 512) == x
-        assert truth.usage(w, p, lw, lp, 512) == (worker_used, ps_used)
-
-
-@pytest.mark.parametrize("truth", [CONTENTION, ROOFLINE], ids=["ps-contention", "roofline"])
-def test_nothing_runs_without_pods_or_cpu(truth: Truths) -> None:
-    for args in ((0, 2, 4.0, 4.0), (4, 0, 4.0, 4.0), (4, 2, 0.0, 4.0), (4, 2, 4.0, 0.0)):
-        assert truth.evaluate(*args, 512) == (0.0, 0.0, 0.0)
+def test_a_lightly_loaded_ps_adds_little_wait() -> None:
+    """At 20 % PS utilisation a worker waits 1.25 request times, not a whole round of all
+    workers' requests (the inconsistency of the earlier form)."""
+    a, s, w = 0.2, 0.001, 40
+    step = closed_loop_step(a, s, s, w)
+    rho = w * s / step
+    assert rho == pytest.approx(0.2, abs=0.02)
+    assert step - a == pytest.approx(s / (1 - rho), rel=1e-9)
+    assert step - a < 2 * s
 
 
 def test_roofline_step_time_solves_its_queue_equation() -> None:
@@ -192,7 +206,9 @@ def test_memory_truth_rejects_shrinking_ps() -> None:
         MemoryTruth(worker_mb=1.0, ps_start_mb=10.0, ps_end_mb=5.0)
 
 
-@pytest.mark.parametrize("throughput", [CONTENTION, ROOFLINE], ids=["ps-contention", "roofline"])
+@pytest.mark.parametrize(
+    "throughput", [CONTENTION, ROOFLINE, TRAINER], ids=["ps-contention", "roofline", "trainer"]
+)
 def test_job_truth_round_trips_and_picks_the_family(throughput: Truths) -> None:
     truth = JobTruth(throughput=throughput, memory=MEMORY)
     data = to_dict(truth)

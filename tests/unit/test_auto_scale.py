@@ -402,9 +402,7 @@ def _judged(kind: str, before: float, after: float) -> str | None:
     ctx = context_from_spec(spec(64.0), SETTINGS)
     previous = plan(8, 4.0, 2, 4.0)
     current = (
-        dataclasses.replace(
-            previous, workers=dataclasses.replace(previous.workers, memory_mb=2048)
-        )
+        dataclasses.replace(previous, workers=dataclasses.replace(previous.workers, memory_mb=2048))
         if kind == "memory"
         else plan(8, 2.0, 2, 2.0)
     )

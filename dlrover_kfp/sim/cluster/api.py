@@ -18,8 +18,8 @@ Failure semantics differ by policy family and are part of the policy (``elastic`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from dlrover_kfp.core.plan import ResourcePlan
@@ -49,6 +49,9 @@ class JobView:
     progress: float
     #: whole-job restarts so far (non-elastic policies)
     restarts: int = 0
+    #: samples/s measured per (workers, ps) by profiling before the job started (policies
+    #: with a ``profile_plans`` method; empty for the others)
+    profiled: Mapping[tuple[int, int], float] = field(default_factory=dict)
 
     @property
     def elapsed(self) -> float:
@@ -88,6 +91,10 @@ class Policy(Protocol):
         """A job ended (succeeded or failed): its profile, for policies that learn from history."""
         ...
 
+    # Optional: ``profile_plans(spec, plan) -> Sequence[ResourcePlan]``, the configurations to
+    # run a few steps each before the job trains at ``plan`` (Optimus); the engine measures
+    # them and hands the figures on in ``JobView.profiled``.
+
 
 @dataclass(frozen=True, slots=True)
 class JobOutcome:
@@ -103,6 +110,10 @@ class JobOutcome:
     restarts: int
     oom_failures: int
     resizes: int
+    #: seconds spent profiling configurations before training at the plan
+    profile_s: float = 0.0
+    #: the reason of every pod failure (OOMKilled, Evicted, Error, NodeLost), in order
+    failures: tuple[str, ...] = ()
 
     @property
     def jct(self) -> float | None:

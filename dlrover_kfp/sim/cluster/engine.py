@@ -20,10 +20,17 @@ Time advances in steps of ``step_s`` simulated seconds. In each step, in this or
 4. the policy is asked for a new plan every ``decision_interval_s``; a plan that does not fit
    the free capacity is cut to the workers that fit, or refused.
 
-Stragglers come from real per-worker batch times (Alibaba PAI) and hit a fixed fraction of jobs;
-a static job (no dynamic sharding) runs at its slowest worker's pace, an elastic one at the sum
-of its workers' paces. Every rate is in :class:`FaultSettings`, fixed before any comparison and
-documented in docs/results.md. Everything is deterministic per seed.
+Workers differ in pace as measured in real per-worker batch times (Alibaba PAI): a persistent
+imbalance per worker slot, drawn once per job (restarts and resizes keep it), and a straggler
+episode for a share of jobs. A static job (no dynamic sharding) runs at its slowest worker's
+pace and its pods use CPU at that pace; an elastic one at the sum of its workers' paces.
+
+The scheduler is first come first served with backfill, and a job that has waited
+``reserve_after_s`` stops the backfill until it starts (so no job waits forever behind smaller
+ones). An elastic job whose plan does not fit the free capacity starts with the workers that
+fit (at least its minimum), as an elastic runtime does, and grows later; a static one waits for
+all its pods. Every rate is in :class:`FaultSettings`, fixed before any comparison and
+documented in docs/simulator.md. Everything is deterministic per seed.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ class ClusterSettings:
     step_s: float = 120.0
     #: the simulation stops here even if jobs remain (they count as not completed)
     max_time_s: float = 60 * 86400.0
+    #: a queued job that has waited this long stops the backfill of later jobs until it starts
+    reserve_after_s: float = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +81,10 @@ class FaultSettings:
     node_failure_per_hour: float = 1 / 1000
     #: evictions (preemption) per pod-hour
     eviction_per_pod_hour: float = 1 / 400
+    #: process crashes (an error exit: a bad record, a lost connection) per pod-hour
+    crash_per_pod_hour: float = 1 / 1000
+    #: workers' paces from the PAI data (persistent imbalance, episodes); off: all equal
+    stragglers: bool = True
     #: fraction of jobs with a straggling worker episode (PAI data give its size and timing)
     straggler_job_fraction: float = 0.15
     #: fraction of jobs with a hot PS (an unbalanced embedding partition)
@@ -96,6 +109,9 @@ class FaultSettings:
     elastic_oom_limit: int = 5
     #: relative noise of measured throughput and CPU
     noise: float = 0.03
+    #: steps a profiled configuration runs after its warm-up steps (policies that profile)
+    profile_steps: int = 20
+    profile_warmup_steps: int = 5
 
 
 @dataclass
@@ -121,6 +137,8 @@ class _Run:
     next_decision: float = 0.0
     straggler: tuple[float, float, float, int] | None = None  # onset, end, factor, worker
     slowdowns: tuple[float, ...] = ()
+    profiled: dict[tuple[int, int], float] = field(default_factory=dict)
+    profile_s: float = 0.0
     hot: bool = False
     step: int = 0
     finished_at: float | None = None
@@ -226,6 +244,8 @@ class Simulation:
                 if self._start(run, t):
                     queue.remove(run)
                     running.append(run)
+                elif t - run.job.arrival_s >= self.cluster.reserve_after_s and self._could_fit(run):
+                    break  # it has waited long enough: no backfill past it
             cpu_alloc = cpu_used = mem_alloc = mem_used = 0.0
             for run in list(running):
                 used = self._advance(run, t, step)
@@ -237,7 +257,7 @@ class Simulation:
                 if run.finished_at is not None:
                     running.remove(run)
                     done.append(run)
-            self._node_failures(running, t, step)
+            done.extend(self._node_failures(running, t, step))
             usage.append(
                 Utilisation(t, cpu_alloc, cpu_used, mem_alloc, mem_used, len(running), len(queue))
             )
@@ -256,11 +276,16 @@ class Simulation:
         total = float((spec.data.rows or 0) * spec.training.epochs)
         run = _Run(job=job, total=max(1.0, total))
         rng = random.Random(f"{self.seed}:{job.id}")
-        if rng.random() < self.faults.straggler_job_fraction:
-            onset, duration, factor = self.stragglers.episode(rng)
+        straggles = rng.random() < self.faults.straggler_job_fraction
+        onset, duration, factor = self.stragglers.episode(rng)
+        if straggles and self.faults.stragglers:
             run.straggler = (onset, min(1.0, onset + duration), factor, 0)
         if rng.random() < self.faults.hot_ps_job_fraction:
             run.hot = True
+        if self.faults.stragglers:  # one pace per worker slot for the whole job
+            slots = max(job.spec.elastic.max_workers, job.workers.count, 64)
+            pace_rng = random.Random(f"{self.seed}:{job.id}:pace")
+            run.slowdowns = tuple(self.stragglers.slowdown_factors(pace_rng, slots))
         return run
 
     def _start(self, run: _Run, t: float) -> bool:
@@ -268,16 +293,71 @@ class Simulation:
             run.plan = self._within_cluster(self.policy.initial(run.job.spec, EPOCH + t))
             run.plans.append(self._applied(run.plan, 0.0))
         placement = self._place(run.plan)
+        if placement is None and self.policy.elastic:
+            fitted = self._fit_workers(run.plan, run.job.spec.elastic.min_workers, "free capacity")
+            if fitted is not None:
+                placement, run.plan = fitted
+                run.plans.append(self._applied(run.plan, 0.0))
         if placement is None:
             return False
         run.placement = placement
-        if run.started_at is None:
+        first = run.started_at is None
+        if first:
             run.started_at = t
         run.incarnation_start = t
-        run.next_decision = t + self.policy.decision_interval_s
-        rng = random.Random(f"{self.seed}:{run.job.id}:slow:{run.restarts}")
-        run.slowdowns = tuple(self.stragglers.slowdown_factors(rng, run.plan.workers.count))
+        if first:
+            self._profile(run, t)
+        run.next_decision = t + run.profile_s + self.policy.decision_interval_s
         return True
+
+    def _fit_workers(
+        self, plan: ResourcePlan, least: int, why: str
+    ) -> tuple[list[int], ResourcePlan] | None:
+        """The most workers of ``plan`` (fewer than it asks, at least ``least``) whose pods
+        fit the free capacity with its PS, placed; or None."""
+        for count in range(plan.workers.count - 1, max(1, least) - 1, -1):
+            trial = ResourcePlan(
+                workers=NodeGroup(
+                    count=count, cpu=plan.workers.cpu, memory_mb=plan.workers.memory_mb
+                ),
+                ps=plan.ps,
+                stage=plan.stage,
+                reason=plan.reason + f" (cut to {count} workers by {why})",
+                similar_jobs=plan.similar_jobs,
+            )
+            placement = self._place(trial)
+            if placement is not None:
+                return placement, trial
+        return None
+
+    def _profile(self, run: _Run, t: float) -> None:
+        """Run the configurations the policy asks to profile, a few steps each, before the job
+        trains at its plan: each costs a pod start (``relaunch_s``) and its steps, trains at its
+        own throughput meanwhile, and is measured with the usual noise."""
+        plans = getattr(self.policy, "profile_plans", None)
+        if plans is None or run.plan is None:
+            return
+        f = self.faults
+        held = run.plan
+        spec = run.job.spec
+        batch = spec.training.batch_size
+        truth = run.job.truth.throughput
+        for plan in plans(spec, held):
+            if (
+                plan.total_cpu > held.total_cpu + 1e-9
+                or plan.total_memory_mb > held.total_memory_mb
+            ):
+                continue  # profiling runs inside the pods the job was given
+            w, p = plan.workers.count, plan.ps.count
+            x = truth.throughput(w, p, plan.workers.cpu, plan.ps.cpu, batch)
+            if x <= 0:
+                continue
+            steps = f.profile_warmup_steps + f.profile_steps
+            seconds = steps * w * batch / x
+            run.profile_s += f.relaunch_s + seconds
+            run.progress = min(1.0, run.progress + x * seconds / run.total)
+            run.profiled[(w, p)] = max(0.0, x * self.rng.gauss(1.0, f.noise))
+        run.pause_until = max(run.pause_until, t + run.profile_s)
 
     def _within_cluster(self, plan: ResourcePlan) -> ResourcePlan:
         """``plan`` with workers cut until it could run on the whole (empty) cluster.
@@ -343,6 +423,11 @@ class Simulation:
             eff = sum(per_worker / f for f in factors)
         else:  # static partitions: the job ends with its slowest worker
             eff = w * per_worker / max(factors)
+            # and does the work of that pace: the faster workers' pods idle once their
+            # partition is done, so over the job they use CPU in proportion
+            wu *= eff / x if x > 0 else 0.0
+        # PS work is per sample
+        pu *= eff / x if x > 0 else 0.0
         return eff, wu, pu
 
     def _advance(
@@ -361,8 +446,9 @@ class Simulation:
             checkpoint_due = run.running_s // interval > (run.running_s - active) // interval
         w, p = plan.workers.count, plan.ps.count
         # PS 0 is the largest (the truth's imbalance); the others share the rest.
-        hot_mem = truth.memory.ps_used_mb(run.progress, p, 0)
-        ps_mem = truth.memory.ps_used_mb(run.progress, p, 1)
+        snapshot = self.policy.elastic  # flash checkpoints keep a snapshot buffer in memory
+        hot_mem = truth.memory.ps_used_mb(run.progress, p, 0, snapshot=snapshot)
+        ps_mem = truth.memory.ps_used_mb(run.progress, p, 1, snapshot=snapshot)
         worker_mem = truth.memory.worker_mb
         cpu_alloc = w * plan.workers.cpu + p * plan.ps.cpu
         mem_alloc = float(w * plan.workers.memory_mb + p * plan.ps.memory_mb)
@@ -386,10 +472,15 @@ class Simulation:
             self._failure(run, t + step, "worker", "OOMKilled")
         else:
             pods = w + p
-            rate = self.faults.eviction_per_pod_hour * pods * step / 3600
-            if self.rng.random() < 1 - math.exp(-rate):
-                role: Role = "worker" if self.rng.random() < w / pods else "ps"
-                self._failure(run, t + step, role, "Evicted")
+            for reason, per_hour in (
+                ("Evicted", self.faults.eviction_per_pod_hour),
+                ("Error", self.faults.crash_per_pod_hour),
+            ):
+                rate = per_hour * pods * step / 3600
+                if self.rng.random() < 1 - math.exp(-rate):
+                    role: Role = "worker" if self.rng.random() < w / pods else "ps"
+                    self._failure(run, t + step, role, reason)
+                    break
         failed_now = len(run.events) > events_before
         if checkpoint_due and not failed_now:  # a checkpoint of a step that ended well
             run.checkpoint_progress = run.progress
@@ -465,7 +556,18 @@ class Simulation:
         f = self.faults
         return f.elastic_resize_s if self.policy.elastic else f.restart_resize_s
 
-    def _node_failures(self, running: list[_Run], t: float, step: float) -> None:
+    def _could_fit(self, run: _Run) -> bool:
+        """Whether every pod of the run's plan fits an empty node (so waiting can help)."""
+        c = self.cluster
+        plan = run.plan
+        return plan is not None and all(
+            cpu <= c.node_cpu + 1e-9 and mem <= c.node_memory_mb for cpu, mem in self._pods(plan)
+        )
+
+    def _node_failures(self, running: list[_Run], t: float, step: float) -> list[_Run]:
+        """Fail the pods of the nodes that die in this step; the runs that ended, removed
+        from ``running``."""
+        ended: list[_Run] = []
         p_fail = 1 - math.exp(-self.faults.node_failure_per_hour * step / 3600)
         for n in range(self.cluster.nodes):
             if self.rng.random() >= p_fail:
@@ -477,6 +579,8 @@ class Simulation:
                     self._failure(run, t + step, role, "NodeLost")
                     if run.finished_at is not None:
                         running.remove(run)
+                        ended.append(run)
+        return ended
 
     def _view(self, run: _Run, now: float) -> JobView:
         assert run.plan is not None and run.started_at is not None
@@ -491,6 +595,7 @@ class Simulation:
             events=run.events,
             progress=run.progress,
             restarts=run.restarts,
+            profiled=dict(run.profiled),
         )
 
     def _event(self, run: _Run, t: float, kind: str, role: Role, detail: str) -> None:
@@ -547,21 +652,10 @@ class Simulation:
             return
         self._release(run)
         placement = self._place(new)
-        if placement is None:
-            # Cut the workers to what fits; else keep the old pods.
-            for count in range(new.workers.count - 1, 0, -1):
-                trial = ResourcePlan(
-                    workers=NodeGroup(
-                        count=count, cpu=new.workers.cpu, memory_mb=new.workers.memory_mb
-                    ),
-                    ps=new.ps,
-                    stage=new.stage,
-                    reason=new.reason + f" (cut to {count} workers by free capacity)",
-                )
-                placement = self._place(trial)
-                if placement is not None:
-                    new = trial
-                    break
+        if placement is None:  # cut the workers to what fits; else keep the old pods
+            fitted = self._fit_workers(new, 1, "free capacity")
+            if fitted is not None:
+                placement, new = fitted
         if placement is None:
             restored = self._place(old)
             assert restored is not None, "the old pods' capacity was just released"
@@ -572,8 +666,6 @@ class Simulation:
         run.resizes += 1
         run.pause_until = max(run.pause_until, t + pause)
         run.plans.append(self._applied(new, t - run.incarnation_start))
-        rng = random.Random(f"{self.seed}:{run.job.id}:slow:{run.resizes}")
-        run.slowdowns = tuple(self.stragglers.slowdown_factors(rng, new.workers.count))
 
     def _replace_workers(self, run: _Run, plan: ResourcePlan, t: float) -> bool:
         """Apply ``replace_worker`` actions: the named workers get new pods at nominal pace."""
@@ -633,6 +725,8 @@ class Simulation:
             restarts=run.restarts,
             oom_failures=run.ooms,
             resizes=run.resizes,
+            profile_s=run.profile_s,
+            failures=tuple(e.detail for e in run.events if e.kind in ("oom", "failure")),
         )
 
 

@@ -10,8 +10,9 @@
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,14 @@ class PolicySummary:
     oom_failures: int
     resizes: int
     restarts: int
+    #: jobs that never started (still queued when the simulation ended)
+    never_started: int = 0
+    #: mean seconds per job spent profiling configurations before training (Optimus)
+    profile_s_per_job: float = 0.0
+    #: pod failures by reason (OOMKilled, Evicted, Error, NodeLost), all jobs together
+    failures: dict[str, int] = field(default_factory=dict)
+    #: jobs that failed, by the reason of their last failure
+    failed_jobs: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +78,20 @@ def summarize(result: SimulationResult) -> PolicySummary:
         oom_failures=sum(o.oom_failures for o in result.outcomes),
         resizes=sum(o.resizes for o in result.outcomes),
         restarts=sum(o.restarts for o in result.outcomes),
+        never_started=sum(1 for o in result.outcomes if o.started_at is None),
+        profile_s_per_job=(
+            statistics.fmean(o.profile_s for o in result.outcomes) if result.outcomes else 0.0
+        ),
+        failures=dict(sorted(Counter(f for o in result.outcomes for f in o.failures).items())),
+        failed_jobs=dict(
+            sorted(
+                Counter(
+                    (o.failures[-1] if o.failures else "never finished")
+                    for o in result.outcomes
+                    if not o.succeeded
+                ).items()
+            )
+        ),
     )
 
 

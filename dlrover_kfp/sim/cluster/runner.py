@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
+from dlrover_kfp.core.planner.settings import PlannerSettings
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.sim.cluster.api import Policy
 from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings, Simulation
@@ -37,10 +38,10 @@ def _dlrover_oss() -> Policy:
     return DlroverOssPolicy()
 
 
-def _ours() -> Policy:
+def _ours(settings: PlannerSettings | None = None) -> Policy:
     from dlrover_kfp.sim.cluster.policies.planner import PlannerPolicy  # noqa: PLC0415
 
-    return PlannerPolicy()
+    return PlannerPolicy(settings)
 
 
 POLICIES: dict[str, Callable[[], Policy]] = {
@@ -71,14 +72,20 @@ class Comparison:
     utilisation: dict[str, list[tuple[float, float, float]]]  # (hour, cpu util, memory util)
 
 
+def make_policy(name: str, planner: PlannerSettings | None = None) -> Policy:
+    """A fresh instance of policy ``name``; ``planner`` configures dlrover-kfp."""
+    return _ours(planner) if name == "dlrover-kfp" else POLICIES[name]()
+
+
 def run_policy(
     name: str,
     jobs: Sequence[TraceJob],
     cluster: ClusterSettings,
     faults: FaultSettings,
     seed: int,
+    planner: PlannerSettings | None = None,
 ) -> tuple[PolicySummary, list[float], list[tuple[float, float, float]]]:
-    result = Simulation(jobs, POLICIES[name](), cluster, faults, seed=seed).run()
+    result = Simulation(jobs, make_policy(name, planner), cluster, faults, seed=seed).run()
     jct = sorted(o.jct / 60 for o in result.outcomes if o.succeeded and o.jct is not None)
     series = [
         (
@@ -100,6 +107,7 @@ def compare(
     *,
     processes: int | None = None,
     progress: Callable[[str], None] | None = None,
+    planner: PlannerSettings | None = None,
 ) -> Comparison:
     """Every policy over ``jobs``; in parallel processes when more than one core is free."""
     workers = processes or min(len(policies), os.cpu_count() or 1)
@@ -109,14 +117,14 @@ def compare(
     if workers <= 1:
         for name in policies:
             summaries[name], jcts[name], series[name] = run_policy(
-                name, jobs, cluster, faults, seed
+                name, jobs, cluster, faults, seed, planner
             )
             if progress:
                 progress(f"seed {seed}: {name} done")
     else:
         with ProcessPoolExecutor(workers) as pool:
             futures = {
-                name: pool.submit(run_policy, name, list(jobs), cluster, faults, seed)
+                name: pool.submit(run_policy, name, list(jobs), cluster, faults, seed, planner)
                 for name in policies
             }
             for name, future in futures.items():

@@ -44,6 +44,7 @@ Manual CPU utilisation 0.20 / 0.22 / 0.25.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -71,19 +72,21 @@ from dlrover_kfp.core.spec import (
 from dlrover_kfp.core.types import CONTRACT_CONFIG, NonNegFloat, Str
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import iter_json_lines, write_atomic
+from dlrover_kfp.sim.cluster.trainer_fit import packaged_fit, trainer_truth
 from dlrover_kfp.sim.cluster.truth import (
     JobTruth,
     MemoryTruth,
     PsContentionTruth,
     RooflineTruth,
+    TrainerTruth,
 )
 
 TRACE_VERSION: Literal[1] = 1
 
 T = TypeVar("T")
 
-Family = Literal["ps-contention", "roofline"]
-FAMILIES: tuple[Family, ...] = ("ps-contention", "roofline")
+Family = Literal["ps-contention", "roofline", "trainer"]
+FAMILIES: tuple[Family, ...] = ("ps-contention", "roofline", "trainer")
 
 JobId = Annotated[str, Strict(), Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")]
 
@@ -400,8 +403,7 @@ JOBS_PER_SCENARIO = 10
 DAILY_JITTER = 0.05
 #: Arrival jitter around a scenario's time of day (±, seconds).
 ARRIVAL_JITTER_S = 900.0
-#: Shares of scenarios (and of one-off jobs) that ask for too little PS memory / too few workers.
-OOM_SHARE = 0.10
+#: Share of scenarios (and of one-off jobs) that ask for too few workers.
 FEW_WORKERS_SHARE = 0.05
 #: Workers a well-provisioned request has at least.
 MIN_WORKERS = 4
@@ -449,13 +451,17 @@ def _nice_gib(mb: float) -> int:
     return math.ceil(gib / 32) * 32 * _GIB_MB
 
 
-def _model(rng: random.Random, full_state_mb: float) -> tuple[ModelSpec, int]:
-    """A DLRM shape whose embedding state (weights, optimizer slot, snapshot) is the given MiB;
-    also its MLP size class (0-3), which sets its compute per sample."""
+#: Bytes of one embedding value (float32).
+_VALUE_BYTES = 4
+
+
+def _model(rng: random.Random, rows: float) -> tuple[ModelSpec, int]:
+    """A DLRM shape with about ``rows`` embedding rows in all; also its MLP size class (0-3),
+    which sets its compute per sample."""
     dim = rng.choice((8, 16, 16, 32, 32, 64))
     size = rng.randrange(4)
     tables = rng.randint(8, 40)
-    rows = max(tables, round(full_state_mb * _MIB / (dim * 16)))
+    rows = max(tables, round(rows))
     weights = [math.exp(rng.uniform(0.0, math.log(1000.0))) for _ in range(tables)]
     scale = rows / sum(weights)
     width = 64 << size
@@ -469,7 +475,54 @@ def _model(rng: random.Random, full_state_mb: float) -> tuple[ModelSpec, int]:
     return model, size
 
 
-def _template(rng: random.Random, scenario: str, *, oom: bool, few_workers: bool) -> _Template:
+def _memory(rng: random.Random, model: ModelSpec, batch: int, ps: int) -> MemoryTruth:
+    """What the pods of a job with this shape really hold, from parameters of its own (none
+    taken from the planner's footprint formulas, which the planner may get wrong):
+
+    * a PS row costs ``(dim · 4 B · (1 + slots) + entry) / load · allocator``: one or two
+      optimizer slots (Adagrad, Adam), a hash-table entry of 24-64 B (key, pointer, metadata)
+      at a load factor of 0.5-0.9, and an allocator overhead of 5-35 %;
+    * the rows touched grow with progress and saturate at 50-100 % of the tables' rows;
+      training starts with 10-30 % of the end state (pre-sized tables, the first batches);
+    * a flash checkpoint's snapshot holds the dense weights and slots of every row;
+    * a worker holds a runtime of 0.8-2 GiB (the framework, the input pipeline) and a batch's
+      activations, 3-10 copies of B · (tables + 1) · dim · 4 B, plus its dense parameters
+      and their gradients and slots.
+    """
+    dim = model.embedding_dim
+    slots = rng.choice((1, 1, 2))
+    row_state = dim * _VALUE_BYTES * (1 + slots)
+    row_bytes = (row_state + rng.uniform(24.0, 64.0)) / rng.uniform(0.5, 0.9)
+    row_bytes *= rng.uniform(1.05, 1.35)
+    rows = model.embedding_rows
+    touched = rng.uniform(0.5, 1.0)
+    ps_end = rows * touched * row_bytes / _MIB
+    chains = ([model.dense_features, *model.bottom_mlp], [dim, *model.top_mlp])
+    dense = sum(a * b + b for chain in chains for a, b in itertools.pairwise(chain))
+    activations = batch * (len(model.table_sizes) + 1) * dim * _VALUE_BYTES
+    worker = (
+        rng.uniform(800.0, 2048.0)
+        + (activations * rng.uniform(3.0, 10.0) + dense * _VALUE_BYTES * (2 + slots)) / _MIB
+    )
+    imbalance = rng.uniform(0.1, 0.5) if rng.random() < 0.3 and ps > 1 else 0.0
+    return MemoryTruth(
+        worker_mb=worker,
+        ps_start_mb=ps_end * rng.uniform(0.1, 0.3),
+        ps_end_mb=ps_end,
+        k=rng.uniform(2.0, 4.0),
+        imbalance=imbalance,
+        snapshot_mb=rows * row_state / _MIB,
+    )
+
+
+#: A user's PS memory request is the end-of-job peak times a log-normal guess: median 2x,
+#: sigma 0.9, rounded up to a size users write; 4-7 % of the jobs then ask for less than
+#: their largest PS reaches and OOM under manual configuration once it grows past it.
+PS_GUESS_MEDIAN = 2.0
+PS_GUESS_SIGMA = 0.9
+
+
+def _template(rng: random.Random, scenario: str, *, few_workers: bool) -> _Template:
     batch = rng.choice((256, 512, 512, 1024, 1024, 2048))
     epochs = 2 if rng.random() < 0.25 else 1
     # The request a user writes: 4-16 workers, 2-8 PS (at most one per worker), 8 or 16 cores.
@@ -477,21 +530,10 @@ def _template(rng: random.Random, scenario: str, *, oom: bool, few_workers: bool
     ps = rng.randint(2, min(8, workers))
     worker_cpu = rng.choice((8.0, 8.0, 16.0))
     ps_cpu = rng.choice((8.0, 8.0, 16.0))
-    # Memory: the largest PS holds 1-12 GiB of rows at the end; 30 % of the jobs have a hot
-    # shard on PS 0; the rows touched by the end are 50-100 % of the model's tables.
-    imbalance = rng.uniform(0.1, 0.5) if rng.random() < 0.3 else 0.0
-    ps_end = _log_uniform(rng, 1024.0, 12 * 1024.0) * ps / (1.0 + imbalance)
-    touched = rng.uniform(0.5, 1.0)
-    model, size = _model(rng, ps_end / touched)
+    # Model: 2-40 million embedding rows per PS the user asked for (a PS of a few GiB).
+    model, size = _model(rng, _log_uniform(rng, 2e6, 4e7) * ps / 8)
     training = TrainingSpec(batch_size=batch, epochs=epochs)
-    memory = MemoryTruth(
-        worker_mb=min_worker_memory_mb(model, training) * rng.uniform(1.2, 2.0)
-        + rng.uniform(512.0, 2048.0),
-        ps_start_mb=ps_end * rng.uniform(0.1, 0.3),
-        ps_end_mb=ps_end,
-        k=rng.uniform(2.0, 4.0),
-        imbalance=imbalance,
-    )
+    memory = _memory(rng, model, batch, ps)
     # Throughput (see truth.PsContentionTruth): compute grows with the MLP and the tables.
     compute = 1.5e-5 * (1 << size) * math.sqrt(len(model.table_sizes) / 26) * rng.uniform(0.8, 1.25)
     contention = PsContentionTruth(
@@ -503,13 +545,11 @@ def _template(rng: random.Random, scenario: str, *, oom: bool, few_workers: bool
         rtt=rng.uniform(2e-4, 1e-3),
         fanout=rng.uniform(5e-5, 2e-4),
     )
-    # Requests: memory 2-4x the real peak, rounded up to a size users write; or, for the OOM
-    # tail, the largest PS's usage at a progress in 0.3-0.85: it outgrows it before the end.
+    # Requests: worker memory 2-4x its real use, rounded up to a size users write; PS memory
+    # a log-normal guess at the end-of-job peak (PS_GUESS_*), rounded likewise: some are short.
     worker_mem = _nice_gib(memory.worker_mb * rng.uniform(2.0, 4.0))
-    oom_at = rng.uniform(0.3, 0.85)
-    ps_mem = _nice_gib(memory.ps_peak_mb(ps) * rng.uniform(2.0, 4.0))
-    if oom:
-        ps_mem = int(memory.ps_used_mb(oom_at, ps))
+    guess = math.exp(rng.gauss(math.log(PS_GUESS_MEDIAN), PS_GUESS_SIGMA))
+    ps_mem = _nice_gib(memory.ps_peak_mb(ps) * guess)
     # Dataset rows: the manual JCT at the (well-provisioned) request is 20 min - 4 h (20-90 min
     # for the few-worker ones, which then take several times that with 1-3 workers).
     jct = _log_uniform(rng, *JCT_RANGE_S)
@@ -565,6 +605,7 @@ def _memory_run(rng: random.Random, m: MemoryTruth) -> MemoryTruth:
         ps_end_mb=max(start, m.ps_end_mb * _jitter(rng)),
         k=m.k * _jitter(rng),
         imbalance=m.imbalance * _jitter(rng),
+        snapshot_mb=m.snapshot_mb,
     )
 
 
@@ -604,6 +645,38 @@ def _roofline_for(template: _Template, day: int, reference: PsContentionTruth) -
     )
 
 
+def _trainer_for(template: _Template, day: int, reference: PsContentionTruth) -> TrainerTruth:
+    """A trainer truth for one run: the measured shape (trainer_fit) at the job's compute per
+    sample, with the same throughput as ``reference`` at the request.
+
+    The thread caps are the reference's draws and the serial fraction above one core is drawn
+    as roofline's (the measured workers never had more than one core); every time coefficient
+    is then scaled by one factor, as in :func:`_roofline_for`.
+    """
+    rng = random.Random(template.roofline_seed + 7919 * (day + 1))
+    shape = trainer_truth(
+        packaged_fit(),
+        compute=reference.compute,
+        worker_threads=reference.worker_threads,
+        ps_threads=reference.ps_threads,
+        serial=rng.uniform(0.03, 0.15),
+    )
+    w, p = template.request_workers, template.request_ps
+    want = reference.throughput(w.count, p.count, w.cpu, p.cpu, template.batch)
+    have = shape.throughput(w.count, p.count, w.cpu, p.cpu, template.batch)
+    alpha = have / want
+    return TrainerTruth(
+        base=shape.base * alpha,
+        compute=shape.compute * alpha,
+        alpha=shape.alpha,
+        serial=shape.serial,
+        worker_threads=shape.worker_threads,
+        ps_work=shape.ps_work * alpha,
+        critical=shape.critical,
+        ps_threads=shape.ps_threads,
+    )
+
+
 def _arrivals(rng: random.Random, runs: int, span_s: float) -> list[float]:
     """A daily job's arrivals: same time of day on consecutive days (or evenly spaced, more
     often than daily, when the span is shorter than the runs), ± ARRIVAL_JITTER_S."""
@@ -639,20 +712,20 @@ def synthetic_trace(
     n_recurring = n_recurring if n_scenarios else 0
     n_once = jobs - n_recurring
 
-    def flags(n: int) -> list[tuple[bool, bool]]:
-        n_oom, n_few = round(OOM_SHARE * n), round(FEW_WORKERS_SHARE * n)
-        out = [(i < n_oom, n_oom <= i < n_oom + n_few) for i in range(n)]
+    def flags(n: int) -> list[bool]:
+        n_few = round(FEW_WORKERS_SHARE * n)
+        out = [i < n_few for i in range(n)]
         rng.shuffle(out)
         return out
 
     # (template, day, arrival) for every run, in a fixed draw order.
     runs: list[tuple[_Template, int, float]] = []
-    for s, (oom, few) in enumerate(flags(n_scenarios)):
-        template = _template(rng, f"rec-{s:04d}", oom=oom, few_workers=few)
+    for s, few in enumerate(flags(n_scenarios)):
+        template = _template(rng, f"rec-{s:04d}", few_workers=few)
         count = n_recurring // n_scenarios + (s < n_recurring % n_scenarios)
         runs.extend((template, day, t) for day, t in enumerate(_arrivals(rng, count, span_s)))
-    for i, (oom, few) in enumerate(flags(n_once)):
-        template = _template(rng, f"once-{i:05d}", oom=oom, few_workers=few)
+    for i, few in enumerate(flags(n_once)):
+        template = _template(rng, f"once-{i:05d}", few_workers=few)
         runs.append((template, 0, rng.uniform(0.0, span_s)))
 
     drafts: list[tuple[float, str, JobSpec, JobTruth]] = []
@@ -673,9 +746,11 @@ def synthetic_trace(
             ),
             elastic=ElasticSpec(),
         )
-        throughput: PsContentionTruth | RooflineTruth = contention
+        throughput: PsContentionTruth | RooflineTruth | TrainerTruth = contention
         if family == "roofline":
             throughput = _roofline_for(template, day, contention)
+        elif family == "trainer":
+            throughput = _trainer_for(template, day, contention)
         drafts.append(
             (arrival, template.scenario, spec, JobTruth(throughput=throughput, memory=memory))
         )

@@ -48,7 +48,7 @@ def job_spec(
         name="ctr",
         scenario="ads-ctr",
         model={"table_sizes": list(DEFAULT_TABLES)},  # type: ignore[arg-type]
-        data={"format": "synthetic", "rows": 5_000_000},  # type: ignore[arg-type]
+        data={"format": "synthetic", "rows": 2_000_000_000},  # type: ignore[arg-type]
         training={"batch_size": 512, "epochs": 2},  # type: ignore[arg-type]
         resources=resources,  # type: ignore[arg-type]
         elastic={"max_workers": max_workers, "max_ps": max_ps},  # type: ignore[arg-type]
@@ -84,15 +84,22 @@ def model_sample(plan: ResourcePlan, t: float, rng: random.Random, noise: float)
 
 
 Sampler = Callable[[ResourcePlan, float, random.Random], RuntimeSample]
+Shape = tuple[int, int]
 
 
 def run_loop(
     policy: OptimusPolicy, spec: JobSpec, sampler: Sampler, rounds: int = 20, seed: int = 0
 ) -> list[ResourcePlan]:
-    """Every round: 10 samples at the current plan, then a decision, which is applied."""
+    """The profiled configurations measured first (a sample each, as the engine's few steps);
+    then every round: 10 samples at the current plan, then a decision, which is applied."""
     rng = random.Random(seed)
     plan = policy.initial(spec, 0.0)
-    plans = [plan]
+    profile = policy.profile_plans(spec, plan)
+    plans = [plan, *profile]
+    profiled = {  # a few steps' mean each
+        (p.workers.count, p.ps.count): sum(sampler(p, 0.0, rng).throughput for _ in range(4)) / 4
+        for p in profile
+    }
     samples: list[RuntimeSample] = []
     t = 0.0
     for r in range(rounds):
@@ -109,6 +116,7 @@ def run_loop(
             samples=tuple(samples),
             events=(),
             progress=r / (2 * rounds),
+            profiled=profiled,
         )
         new = policy.decide(view)
         if new is not None:
@@ -184,9 +192,9 @@ def test_closed_loop_fit_recovers_a_known_model() -> None:
     policy = OptimusPolicy()
     spec = job_spec()
     plans = run_loop(policy, spec, lambda p, t, rng: model_sample(p, t, rng, noise=0.01))
-    profiled = {(p.workers.count, p.ps.count) for p in plans[:5]}
-    assert len(profiled) == 5
-    assert design_rank(profiled) == 4
+    shapes = {(p.workers.count, p.ps.count) for p in plans[:5]}
+    assert len(shapes) == 5
+    assert design_rank(shapes) == 4
     model = policy.model("job-1")
     assert model is not None
     for fitted, true in zip(model.theta, THETA, strict=True):
@@ -261,7 +269,21 @@ def run_plan(w: int, p: int) -> ResourcePlan:
     )
 
 
-def view(spec: JobSpec, plan: ResourcePlan, samples: tuple[RuntimeSample, ...] = ()) -> JobView:
+def profiled(policy: OptimusPolicy, spec: JobSpec, plan: ResourcePlan) -> dict[Shape, float]:
+    """The profiling configurations, measured exactly on the Optimus form."""
+    rng = random.Random(0)
+    return {
+        (p.workers.count, p.ps.count): model_sample(p, 0.0, rng, 0.0).throughput
+        for p in policy.profile_plans(spec, plan)
+    }
+
+
+def view(
+    spec: JobSpec,
+    plan: ResourcePlan,
+    samples: tuple[RuntimeSample, ...] = (),
+    measured: dict[Shape, float] | None = None,
+) -> JobView:
     return JobView(
         job_id="job-1",
         spec=spec,
@@ -272,6 +294,7 @@ def view(spec: JobSpec, plan: ResourcePlan, samples: tuple[RuntimeSample, ...] =
         samples=samples,
         events=(),
         progress=0.2,
+        profiled=measured or {},
     )
 
 
@@ -292,10 +315,10 @@ def test_oom_doubles_the_roles_memory_and_keeps_it() -> None:
     assert new.stage is Stage.POST_SCALE
     assert new.ps == NodeGroup(count=2, cpu=4.0, memory_mb=16384)
     assert new.workers == plan.workers
-    # later plans (profiling here) keep the bigger PS containers
+    # later plans (the greedy allocation here) keep the bigger PS containers
     rng = random.Random(1)
     samples = tuple(model_sample(new, 60.0 * (i + 1), rng, 0.0) for i in range(MIN_SAMPLES + 1))
-    nxt = policy.decide(view(spec, new, samples))
+    nxt = policy.decide(view(spec, new, samples, profiled(policy, spec, plan)))
     assert nxt is not None
     assert nxt.ps.memory_mb == 16384
 
@@ -317,8 +340,9 @@ def test_a_restarted_incarnation_is_read_afresh() -> None:
     policy = OptimusPolicy()
     plan = policy.initial(spec, 0.0)
     rng = random.Random(2)
+    measured = profiled(policy, spec, plan)
     first = tuple(model_sample(plan, 60.0 * (i + 1), rng, 0.0) for i in range(2))
-    assert policy.decide(view(spec, plan, first)) is None  # 1 sample after warm-up: too few
+    assert policy.decide(view(spec, plan, first, measured)) is None  # 1 after warm-up: too few
     # the job restarted: its samples start again; warm-up skipped again, then 3 count
     again = tuple(model_sample(plan, 60.0 * (i + 1), rng, 0.0) for i in range(4))
     restarted = JobView(
@@ -332,10 +356,11 @@ def test_a_restarted_incarnation_is_read_afresh() -> None:
         events=(),
         progress=0.1,
         restarts=1,
+        profiled=measured,
     )
     nxt = policy.decide(restarted)
     assert nxt is not None
-    assert (nxt.workers.count, nxt.ps.count) != (4, 2)  # on to the next profiled shape
+    assert "greedy" in nxt.reason  # the current shape is measured: the model allocates
 
 
 def test_job_bounds_without_limits_hold_the_request() -> None:
@@ -349,3 +374,45 @@ def test_job_bounds_without_limits_hold_the_request() -> None:
     bounds = job_bounds(spec)
     assert bounds.quota_cpu == 80.0
     assert bounds.quota_memory_mb == 128 * 1024
+
+
+def test_profiling_is_a_few_small_configurations_within_the_start() -> None:
+    """Optimus profiles before it trains (a few steps each, run by the engine): small
+    configurations within the starting counts, fixed containers, at most PROFILED_CONFIGS - 1."""
+    spec = job_spec()
+    policy = OptimusPolicy()
+    plan = policy.initial(spec, 0.0)
+    profile = policy.profile_plans(spec, plan)
+    assert 3 <= len(profile) <= 4
+    for p in profile:
+        assert p.workers.count <= 4 and p.ps.count <= 2
+        assert (p.workers.cpu, p.ps.cpu) == (4.0, 4.0)
+        assert "profiling" in p.reason
+    shapes = {(p.workers.count, p.ps.count) for p in profile} | {(4, 2)}
+    assert design_rank(shapes) == 4
+
+
+def test_a_resize_must_save_more_than_its_restart() -> None:
+    """Near the end of a job, a faster allocation that would save less remaining time than a
+    restart costs is not worth its restart."""
+    spec = job_spec()
+    policy = OptimusPolicy()
+    plan = policy.initial(spec, 0.0)
+    measured = profiled(policy, spec, plan)
+    rng = random.Random(4)
+    samples = tuple(model_sample(plan, 60.0 * (i + 1), rng, 0.0) for i in range(MIN_SAMPLES + 1))
+    early = policy.decide(view(spec, plan, samples, measured))
+    assert early is not None and "greedy" in early.reason
+    late = JobView(
+        job_id="job-2",
+        spec=spec,
+        submitted_at=0.0,
+        started_at=0.0,
+        now=600.0,
+        plan=plan,
+        samples=samples,
+        events=(),
+        progress=0.9999,
+        profiled=measured,
+    )
+    assert policy.decide(late) is None

@@ -11,13 +11,15 @@ What this policy does, per job:
    ``spec.elastic`` and the plan fitted into the quota; a role without a request gets a small
    pod (CPU = quota/8 within 1-8 cores, memory = 1.5 x the model's footprint floor), 2 workers and
    ``min_ps`` PS.
-2. **Online profiling.** Optimus profiles a handful of small configurations before it trusts its
-   model. The first decisions walk through up to :data:`PROFILED_CONFIGS` distinct ``(w, p)``
-   (the starting one first, then small ones such as (1,1), (2,1), (2,2), (4,2) scaled by the
-   elastic minimums), chosen so that the model's four coefficients are identifiable (each adds
-   rank to the design matrix) and each fits the quota. A configuration counts as profiled when
-   :data:`MIN_SAMPLES` of its runtime samples are in (the first sample after a change is a
-   warm-up and is skipped).
+2. **Profiling, a few steps each.** Before the job trains at its plan, Optimus runs up to
+   :data:`PROFILED_CONFIGS` - 1 small configurations for a few steps each (:meth:`profile_plans`:
+   small ones such as (1,1), (2,1), (2,2), (4,2) scaled by the elastic minimums, within the
+   starting counts, chosen so that the model's four coefficients are identifiable: each adds
+   rank to the design matrix). The simulator runs them inside the job's pods (a pod start and
+   the engine's ``profile_warmup_steps`` + ``profile_steps`` steps each, a few minutes per job
+   in all) and hands the measured samples/s back in ``JobView.profiled``. The starting
+   configuration itself is measured by training: :data:`MIN_SAMPLES` runtime samples (the first
+   after a change is a warm-up and is skipped).
 3. **Model** (asynchronous PS form)::
 
        f(p, w) = w / (θ0 + θ1·w/p + θ2·w + θ3·p)          [samples/s]
@@ -36,8 +38,9 @@ What this policy does, per job:
    ``(1 - progress) x rows x epochs`` (rows = 1 if the spec does not know them: only ratios of
    ``R`` matter to the choice). Every decision refits and reallocates; a resize happens only when
    the model predicts at least :data:`MIN_GAIN` more throughput than the current configuration
-   (our addition: each resize costs a restart, and refits on noisy samples would otherwise
-   flip between neighbours).
+   and the remaining time it saves exceeds the restart it costs (:data:`RESTART_S`) (our
+   additions: each resize is a restart, and refits on noisy samples would otherwise flip
+   between neighbours).
 5. **Failures.** NodeLost / Evicted: keep the plan (the job restarts as it was). OOMKilled:
    double the failed role's memory (at most 64 GiB a pod), giving up workers if the quota needs
    room, capped by the quota. :meth:`OptimusPolicy.finished` keeps no history (Optimus has none).
@@ -63,8 +66,11 @@ from dlrover_kfp.sim.cluster.api import JobView, Role
 PROFILED_CONFIGS = 5
 #: Runtime samples of a configuration (warm-up excluded) before it counts as measured.
 MIN_SAMPLES = 3
-#: A reallocation must promise this much more throughput than the current configuration.
+#: A reallocation must promise this much more throughput than the current configuration ...
 MIN_GAIN = 0.05
+#: ... and save more remaining time than a checkpoint-and-restart costs (seconds; the
+#: simulator's restart_resize_s).
+RESTART_S = 300.0
 #: Samples kept per configuration (the newest), so a long job's state stays bounded.
 MAX_SAMPLES_PER_CONFIG = 200
 
@@ -228,15 +234,20 @@ def greedy_allocation(
         w, p = best[1]
 
 
-def profiling_shapes(start: Shape, pods: Pods, bounds: Bounds, min_ps: int) -> list[Shape]:
+def profiling_shapes(
+    start: Shape, pods: Pods, bounds: Bounds, min_ps: int, within: Shape | None = None
+) -> list[Shape]:
     """The configurations profiled first: ``start``, then small ones that add rank to the design
-    matrix (or, once it has full rank, add a spare point), up to :data:`PROFILED_CONFIGS`."""
+    matrix (or, once it has full rank, add a spare point), up to :data:`PROFILED_CONFIGS`;
+    with ``within``, none with more workers or PS than it."""
     chosen = [start]
     for a, b in _SMALL_EXAMPLES:
         if len(chosen) >= PROFILED_CONFIGS:
             break
         shape = (a * bounds.min_workers, b * min_ps)
         if shape in chosen or not bounds.fits(pods, shape):
+            continue
+        if within is not None and (shape[0] > within[0] or shape[1] > within[1]):
             continue
         rank = design_rank(chosen)
         if rank >= 4 or design_rank([*chosen, shape]) > rank:
@@ -249,7 +260,7 @@ class _JobState:
     pods: Pods
     #: throughput samples per (workers, ps), warm-up samples excluded
     samples: dict[Shape, list[float]] = field(default_factory=dict)
-    profile: list[Shape] = field(default_factory=list)
+    profiled: dict[Shape, float] = field(default_factory=dict)
     model: OptimusModel | None = None
     # where the last decide left off reading view.samples
     seen: int = 0
@@ -302,40 +313,44 @@ class OptimusPolicy:
             else "optimus: no request, a small configuration to profile from",
         )
 
+    def profile_plans(self, spec: JobSpec, plan: ResourcePlan) -> list[ResourcePlan]:
+        """The small configurations to run a few steps each before training at ``plan``."""
+        bounds = job_bounds(spec)
+        pods = Pods(plan.workers.cpu, plan.workers.memory_mb, plan.ps.cpu, plan.ps.memory_mb)
+        start = (plan.workers.count, plan.ps.count)
+        min_ps = _min_feasible_ps(spec, pods, bounds)
+        shapes = [
+            s for s in profiling_shapes(start, pods, bounds, min_ps, within=start) if s != start
+        ]
+        return [
+            self._plan(pods, s, f"optimus: profiling configuration {k}/{len(shapes)}", None)
+            for k, s in enumerate(shapes, start=1)
+        ]
+
     def decide(self, job: JobView) -> ResourcePlan | None:
         state = self._state(job)
         self._read(state, job)
+        state.profiled.update(job.profiled)
         bounds = job_bounds(job.spec)
         current = (job.plan.workers.count, job.plan.ps.count)
         if len(state.samples.get(current, ())) < MIN_SAMPLES:
             return None  # the current configuration is not measured yet
         min_ps = _min_feasible_ps(job.spec, state.pods, bounds)
-        if not state.profile:
-            state.profile = profiling_shapes(current, state.pods, bounds, min_ps)
-        pending = [
-            s
-            for s in state.profile
-            if len(state.samples.get(s, ())) < MIN_SAMPLES and bounds.fits(state.pods, s)
-        ]
-        if pending:
-            k = state.profile.index(pending[0]) + 1
-            return self._plan(
-                state.pods,
-                pending[0],
-                f"optimus: profiling configuration {k}/{len(state.profile)}",
-                None,
-            )
-        model = fit_optimus(_means(state.samples))
+        model = fit_optimus({**state.profiled, **_means(state.samples)})
         state.model = model
         if model is None:
             return None
+        remaining = _remaining(job)
         target = greedy_allocation(
-            model, state.pods, bounds, _remaining(job), (bounds.min_workers, min_ps)
+            model, state.pods, bounds, remaining, (bounds.min_workers, min_ps)
         )
         if target is None or target == current:
             return None
         predicted = model.throughput(*target)
-        if predicted < (1 + MIN_GAIN) * model.throughput(*current):
+        now_x = model.throughput(*current)
+        if predicted < (1 + MIN_GAIN) * now_x:
+            return None
+        if now_x > 0 and remaining / now_x - remaining / predicted <= RESTART_S:
             return None
         return self._plan(
             state.pods,
