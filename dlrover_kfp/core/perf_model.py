@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import nnls
+from scipy.optimize import lsq_linear, nnls
 
 from dlrover_kfp.core.observation import Config, Observation
 
@@ -563,7 +563,7 @@ def fit(
     # column is never among them when γ is searched, so the target does not depend on γ.
     target = ones - weighted[:, ~free] @ prior_theta[~free]
     free_columns = weighted[:, free]
-    solution, rnorm = nnls(free_columns, target)
+    solution, rnorm = solve_nnls(free_columns, target)
     gamma = prior.gamma
     gamma_identifiable = _exponent_identifiable(data, identifiable, settings)
     if gamma_identifiable:
@@ -668,7 +668,7 @@ def _fit_overlap(
         assigned = rows.copy()
         assigned[ps_bound, 1] = 0.0
         assigned[~ps_bound, 2:4] = 0.0
-        solution, _ = nnls(assigned[:, free], g - assigned[:, ~free] @ pinned_theta)
+        solution, _ = solve_nnls(assigned[:, free], g - assigned[:, ~free] @ pinned_theta)
         theta = prior_theta.copy()
         theta[free] = solution
         return theta
@@ -787,12 +787,31 @@ def _search_exponent(
     best_rnorm = reference_rnorm
     for g, factor in zip(grid, factors.T, strict=True):
         trial[:, k] = at_reference * factor
-        solution, rnorm = nnls(trial, target)
+        solution, rnorm = solve_nnls(trial, target)
         if rnorm < best_rnorm:
             best, best_rnorm = (float(g), solution, float(rnorm)), float(rnorm)
     if best is None or best_rnorm >= (1.0 - settings.exponent_margin) * reference_rnorm:
         return None
     return best
+
+
+def solve_nnls(
+    a: FloatArray, b: FloatArray, maxiter: int | None = None
+) -> tuple[FloatArray, float]:
+    """``argmin ||a·x − b||, x >= 0`` and the residual norm.
+
+    scipy's active-set NNLS stops with a RuntimeError after ``maxiter`` iterations (3 x the
+    columns by default) on ill-conditioned rows, which real samples produce now and then (seen
+    in the cluster simulator's warm starts). Then the same problem goes to the bounded
+    least-squares solver, which converges where the active set cycles.
+    """
+    try:
+        solution, rnorm = nnls(a, b, maxiter=maxiter)
+    except RuntimeError:
+        result = lsq_linear(a, b, bounds=(0.0, np.inf), method="bvls")
+        solution = np.maximum(result.x, 0.0)
+        rnorm = float(np.linalg.norm(a @ solution - b))
+    return solution, float(rnorm)
 
 
 def _as_theta(values: FloatArray) -> Theta:

@@ -53,9 +53,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from scipy.optimize import nnls
 
 from dlrover_kfp.core.footprint import min_ps_memory_mb, min_worker_memory_mb
+from dlrover_kfp.core.perf_model import solve_nnls
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner.settings import ColdStartSettings, DefaultQuota, NodeLimits
 from dlrover_kfp.core.profile import JobProfile, RuntimeSample
@@ -133,7 +133,7 @@ def fit_optimus(observations: Mapping[Shape, float]) -> OptimusModel | None:
         rows.append([v / y for v in _features(w, p)])
     if not rows:
         return None
-    theta, _ = nnls(np.array(rows, dtype=float), np.ones(len(rows)))
+    theta, _ = solve_nnls(np.array(rows, dtype=float), np.ones(len(rows)))
     values = tuple(float(v) for v in theta)
     if not any(v > 0 for v in values):
         return None
