@@ -66,11 +66,33 @@ def closed_loop_step(a: float, wait: float, busy: float, workers: int) -> float:
     return 0.5 * (b + math.sqrt(b * b - 4.0 * a * workers * busy))
 
 
+class _Readings:
+    """``throughput`` and ``usage`` of a truth, both read from its ``evaluate``."""
+
+    def evaluate(
+        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
+    ) -> tuple[float, float, float]:
+        raise NotImplementedError
+
+    def throughput(
+        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
+    ) -> float:
+        """Samples per second of all workers together."""
+        return self.evaluate(workers, ps, worker_cpu, ps_cpu, batch)[0]
+
+    def usage(
+        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
+    ) -> tuple[float, float]:
+        """Cores used per worker and per PS (each at most what the pod requested)."""
+        _, worker_used, ps_used = self.evaluate(workers, ps, worker_cpu, ps_cpu, batch)
+        return worker_used, ps_used
+
+
 register_union_tags("ps-contention", "roofline", "trainer")
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
-class PsContentionTruth:
+class PsContentionTruth(_Readings):
     """Per-worker step time of an asynchronous PS job with thread caps and PS contention.
 
     With w workers, p PS, λw / λp cores per worker / PS and B samples per worker step::
@@ -122,22 +144,9 @@ class PsContentionTruth:
         step = closed_loop_step(a, s, s, workers)
         return workers * batch / step, ew * t_compute / step, workers * s * ep / step
 
-    def throughput(
-        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
-    ) -> float:
-        """Samples per second of all workers together."""
-        return self.evaluate(workers, ps, worker_cpu, ps_cpu, batch)[0]
-
-    def usage(
-        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
-    ) -> tuple[float, float]:
-        """Cores used per worker and per PS (each at most what the pod requested)."""
-        _, worker_used, ps_used = self.evaluate(workers, ps, worker_cpu, ps_cpu, batch)
-        return worker_used, ps_used
-
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
-class RooflineTruth:
+class RooflineTruth(_Readings):
     """Per-worker step time as a roofline (compute and network overlap) plus a PS queue.
 
     With w workers, p PS, λw / λp cores per worker / PS and B samples per worker step::
@@ -196,22 +205,9 @@ class RooflineTruth:
         step = closed_loop_step(a, s, s, workers)
         return workers * batch / step, work / step, workers * s * ep / step
 
-    def throughput(
-        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
-    ) -> float:
-        """Samples per second of all workers together."""
-        return self.evaluate(workers, ps, worker_cpu, ps_cpu, batch)[0]
-
-    def usage(
-        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
-    ) -> tuple[float, float]:
-        """Cores used per worker and per PS (each at most what the pod requested)."""
-        _, worker_used, ps_used = self.evaluate(workers, ps, worker_cpu, ps_cpu, batch)
-        return worker_used, ps_used
-
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
-class TrainerTruth:
+class TrainerTruth(_Readings):
     """The shape this package's own trainer was measured to have (benchmarks/data/), at the
     scale of a cluster job (:mod:`.trainer_fit` says what is measured and what is assumed).
 
@@ -270,19 +266,6 @@ class TrainerTruth:
         busy = self.ps_work * batch / (ps * ep)
         step = closed_loop_step(a, self.critical * busy, busy, workers)
         return workers * batch / step, used / step, workers * busy * ep / step
-
-    def throughput(
-        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
-    ) -> float:
-        """Samples per second of all workers together."""
-        return self.evaluate(workers, ps, worker_cpu, ps_cpu, batch)[0]
-
-    def usage(
-        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
-    ) -> tuple[float, float]:
-        """Cores used per worker and per PS (each at most what the pod requested)."""
-        _, worker_used, ps_used = self.evaluate(workers, ps, worker_cpu, ps_cpu, batch)
-        return worker_used, ps_used
 
 
 ThroughputTruth = Annotated[
