@@ -14,7 +14,6 @@ off this frontier by the rule its section states.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -22,8 +21,9 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import cast
 
-from dlrover_kfp.core.planner.settings import PlannerSettings
+from dlrover_kfp.core.planner.settings import Objective, PlannerSettings
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.report.plots import frontier_svg
 from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings
@@ -42,18 +42,14 @@ SETTINGS = (
 PEERS = ("manual", "optimus", "dlrover-oss")
 
 
-def _planner(objective: str, floor: float) -> PlannerSettings:
-    base = PlannerSettings()
-    auto = dataclasses.replace(base.auto_scale, objective=objective, throughput_floor=floor)
-    return dataclasses.replace(base, auto_scale=auto)
-
-
 def _one(task: tuple[str, int, int, bool, str, str | None, float | None]) -> dict[str, object]:
     family, seed, jobs_n, stragglers, policy, objective, floor = task
     jobs = synthetic_trace(jobs_n, seed, family=family)
     nodes, cpu, memory = cluster_size_for(jobs)
     cluster = ClusterSettings(nodes=nodes, node_cpu=cpu, node_memory_mb=memory)
-    planner = None if objective is None or floor is None else _planner(objective, floor)
+    planner = None
+    if objective is not None:
+        planner = PlannerSettings().with_objective(cast(Objective, objective), floor)
     summary, _, _ = run_policy(
         policy, jobs, cluster, FaultSettings(stragglers=stragglers), seed, planner
     )

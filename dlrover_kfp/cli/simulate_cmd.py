@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -103,14 +102,7 @@ def _planner(args: argparse.Namespace) -> PlannerSettings | None:
         raise UserInputError(
             f"--throughput-floor: must be in (0, 1], got {args.throughput_floor:g}"
         )
-    base = PlannerSettings()
-    auto = base.auto_scale
-    auto = dataclasses.replace(
-        auto,
-        objective=args.objective or auto.objective,
-        throughput_floor=args.throughput_floor or auto.throughput_floor,
-    )
-    return dataclasses.replace(base, auto_scale=auto)
+    return PlannerSettings().with_objective(args.objective, args.throughput_floor)
 
 
 def _simulate(

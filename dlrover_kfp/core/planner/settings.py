@@ -6,7 +6,7 @@ the planning functions take them as an argument and read nothing else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from dlrover_kfp.core.perf_model import FitSettings
@@ -205,3 +205,18 @@ class PlannerSettings:
     #: Two configurations already tell a slope along the one dimension they differ in (the
     #: fit pins the rest to the prior), which a running job needs after its first step.
     model_fit: FitSettings = field(default_factory=lambda: FitSettings(min_configs_for_full_fit=2))
+
+    def with_objective(
+        self, objective: Objective | None = None, floor: float | None = None
+    ) -> PlannerSettings:
+        """These settings with the planning objective and its throughput floor replaced
+        (None keeps the current one)."""
+        auto = self.auto_scale
+        return replace(
+            self,
+            auto_scale=replace(
+                auto,
+                objective=auto.objective if objective is None else objective,
+                throughput_floor=auto.throughput_floor if floor is None else floor,
+            ),
+        )

@@ -609,6 +609,17 @@ def _memory_run(rng: random.Random, m: MemoryTruth) -> MemoryTruth:
     )
 
 
+def _time_scale(
+    template: _Template, reference: PsContentionTruth, shape: RooflineTruth | TrainerTruth
+) -> float:
+    """The factor on every time coefficient of ``shape`` that gives it ``reference``'s
+    throughput at the user's request (the step time is homogeneous of degree 1 in them)."""
+    w, p = template.request_workers, template.request_ps
+    want = reference.throughput(w.count, p.count, w.cpu, p.cpu, template.batch)
+    have = shape.throughput(w.count, p.count, w.cpu, p.cpu, template.batch)
+    return have / want
+
+
 def _roofline_for(template: _Template, day: int, reference: PsContentionTruth) -> RooflineTruth:
     """A roofline truth for one run, with the same throughput as ``reference`` at the request.
 
@@ -619,7 +630,6 @@ def _roofline_for(template: _Template, day: int, reference: PsContentionTruth) -
     """
     rng = random.Random(template.roofline_seed + day)
     model = template.model
-    w, p = template.request_workers, template.request_ps
     # wire: bytes a sample pulls and pushes (one row per table, float32) over a 10-25 Gbit NIC.
     wire = len(model.table_sizes) * model.embedding_dim * 4 * 2 / (rng.uniform(1.25, 3.0) * 1e9)
     shape = RooflineTruth(
@@ -631,9 +641,7 @@ def _roofline_for(template: _Template, day: int, reference: PsContentionTruth) -
         ps_threads=reference.ps_threads,
         fanout=rng.uniform(3e-4, 1e-3),
     )
-    want = reference.throughput(w.count, p.count, w.cpu, p.cpu, template.batch)
-    have = shape.throughput(w.count, p.count, w.cpu, p.cpu, template.batch)
-    alpha = have / want
+    alpha = _time_scale(template, reference, shape)
     return RooflineTruth(
         base=shape.base * alpha,
         compute=shape.compute * alpha,
@@ -661,10 +669,7 @@ def _trainer_for(template: _Template, day: int, reference: PsContentionTruth) ->
         ps_threads=reference.ps_threads,
         serial=rng.uniform(0.03, 0.15),
     )
-    w, p = template.request_workers, template.request_ps
-    want = reference.throughput(w.count, p.count, w.cpu, p.cpu, template.batch)
-    have = shape.throughput(w.count, p.count, w.cpu, p.cpu, template.batch)
-    alpha = have / want
+    alpha = _time_scale(template, reference, shape)
     return TrainerTruth(
         base=shape.base * alpha,
         compute=shape.compute * alpha,

@@ -33,7 +33,7 @@ progress and saturate.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import Field, Strict, model_validator
 from pydantic.dataclasses import dataclass
@@ -66,22 +66,24 @@ def closed_loop_step(a: float, wait: float, busy: float, workers: int) -> float:
     return 0.5 * (b + math.sqrt(b * b - 4.0 * a * workers * busy))
 
 
-class _Readings:
-    """``throughput`` and ``usage`` of a truth, both read from its ``evaluate``."""
-
+class _Evaluates(Protocol):
     def evaluate(
         self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
-    ) -> tuple[float, float, float]:
-        raise NotImplementedError
+    ) -> tuple[float, float, float]: ...
+
+
+class _Readings:
+    """``throughput`` and ``usage`` of a truth, both read from the ``evaluate`` every truth
+    class defines."""
 
     def throughput(
-        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
+        self: _Evaluates, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
     ) -> float:
         """Samples per second of all workers together."""
         return self.evaluate(workers, ps, worker_cpu, ps_cpu, batch)[0]
 
     def usage(
-        self, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
+        self: _Evaluates, workers: int, ps: int, worker_cpu: float, ps_cpu: float, batch: int
     ) -> tuple[float, float]:
         """Cores used per worker and per PS (each at most what the pod requested)."""
         _, worker_used, ps_used = self.evaluate(workers, ps, worker_cpu, ps_cpu, batch)

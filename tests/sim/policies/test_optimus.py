@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -403,16 +404,5 @@ def test_a_resize_must_save_more_than_its_restart() -> None:
     samples = tuple(model_sample(plan, 60.0 * (i + 1), rng, 0.0) for i in range(MIN_SAMPLES + 1))
     early = policy.decide(view(spec, plan, samples, measured))
     assert early is not None and "greedy" in early.reason
-    late = JobView(
-        job_id="job-2",
-        spec=spec,
-        submitted_at=0.0,
-        started_at=0.0,
-        now=600.0,
-        plan=plan,
-        samples=samples,
-        events=(),
-        progress=0.9999,
-        profiled=measured,
-    )
+    late = dataclasses.replace(view(spec, plan, samples, measured), job_id="job-2", progress=0.9999)
     assert policy.decide(late) is None
