@@ -26,6 +26,7 @@ from dlrover_kfp.core.summary import JobSummary, format_timestamp
 from dlrover_kfp.files import read_document
 from dlrover_kfp.history import ENV_VAR, open_history, resolve_history_url
 from dlrover_kfp.history.jsonl import export_jsonl, import_jsonl
+from dlrover_kfp.history.pending import record_pending
 from dlrover_kfp.history.sql import SqlHistoryStore
 from dlrover_kfp.history.validation import checked_summary
 
@@ -56,13 +57,23 @@ def register(sub: Any) -> None:
             'run changes nothing and prints "new": false.\n' + _WHERE
         ),
         epilog=(
-            "Example:\n"
+            "Examples:\n"
             "  dlrover-kfp record --profile out/profile.json\n"
-            '  {"run_id": "ctr-daily-20261121", "new": true}'
+            '  {"run_id": "ctr-daily-20261121", "new": true}\n'
+            "  dlrover-kfp record --pending   # profiles kept while the history was unavailable\n"
+            '  {"recorded": [{"run_id": "ctr-daily-20261120", "new": true}]}'
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    record.add_argument("--profile", required=True, metavar="FILE", help="the job profile")
+    what = record.add_mutually_exclusive_group(required=True)
+    what.add_argument("--profile", metavar="FILE", help="the job profile")
+    what.add_argument(
+        "--pending",
+        action="store_true",
+        help="record the profiles that runs kept on disk because this history was locked or "
+        "unreachable when they ended ($DLROVER_KFP_PENDING_DIR, default: pending/ in the "
+        "user's data directory)",
+    )
     record.set_defaults(func=_record)
 
     history = sub.add_parser(
@@ -150,6 +161,11 @@ def _print_json(obj: object) -> None:
 
 
 def _record(args: argparse.Namespace) -> int:
+    if args.pending:
+        url = resolve_history_url(args.history, os.environ)
+        done = record_pending(url)
+        _print_json({"recorded": [{"run_id": r, "new": new} for r, new in done]})
+        return 0
     profile = read_document(JobProfile, args.profile)
     checked_summary(profile, str(args.profile))
     with closing(_open(args)) as store:

@@ -20,7 +20,6 @@ from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import EXIT_FAILED_RUN, UserInputError
 from dlrover_kfp.files import read_document
-from dlrover_kfp.history import record_profile
 from dlrover_kfp.planning import plan_start
 from dlrover_kfp.runtime.job import RunSettings, static_groups
 from dlrover_kfp.runtime.kube import (
@@ -31,7 +30,7 @@ from dlrover_kfp.runtime.kube import (
     master_host,
     run_kubernetes,
 )
-from dlrover_kfp.runtime.launch import run_local, unwind_on_sigterm
+from dlrover_kfp.runtime.launch import record_run, run_local, unwind_on_sigterm
 
 
 def register(sub: Any) -> None:
@@ -209,9 +208,9 @@ def _run(args: argparse.Namespace) -> int:
             plan=plan,
             record=record,
         )
+        if url is not None and not record and not result.succeeded:
+            result = record_run(url, result, progress)
     profile = result.profile
-    if url is not None and not record and not result.succeeded:
-        record_profile(url, profile)
     summary = {
         "run_id": profile.run_id,
         "outcome": to_dict(profile.outcome),

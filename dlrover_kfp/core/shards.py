@@ -124,6 +124,15 @@ class ShardLedger:
             self.todo.appendleft(i)
         return ids
 
+    def lease_ages(self, now: float) -> dict[str, float]:
+        """Per holder, how long it has held its oldest lease (a lease ends ``lease_s`` after
+        it was granted, so it was granted at ``deadline - lease_s``)."""
+        ages: dict[str, float] = {}
+        for lease in self.doing.values():
+            age = now - (lease.deadline - self.lease_s)
+            ages[lease.worker] = max(age, ages.get(lease.worker, 0.0))
+        return ages
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able snapshot. Leased shards are saved as TODO: their work is not done."""
         pending = sorted(self.doing) + list(self.todo)

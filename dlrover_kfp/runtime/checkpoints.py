@@ -76,6 +76,15 @@ class CheckpointCoordinator:
         if self._thread is not None:
             self._thread.join()
 
+    def take_failure(self) -> BaseException | None:
+        """What made the last background checkpoint fail, once it has ended (then cleared, so
+        each failure is reported once); None while one runs or when it committed. A failed
+        checkpoint commits nothing: the previous committed one stays the one to restore."""
+        if self.busy:
+            return None
+        error, self.error = self.error, None
+        return error
+
     def snapshot(self, step: int, *, extra: dict[str, Any]) -> None:
         """Start a checkpoint of ``step`` and return once every PS has its snapshot in shared
         memory (a PS restores from that at once); persisting and committing go on behind.

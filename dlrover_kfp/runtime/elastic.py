@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -317,6 +318,32 @@ class ElasticRun(StaticRun):
                 settled.extend(part[first + 1 :])
         return settled
 
+    def _lease_ages(self, state: MasterState) -> dict[str, float]:
+        """Per worker pod, how long it has held its oldest shard without reporting it."""
+        with state.lock:
+            ages = state.ledger.lease_ages(self.clock())
+        out: dict[str, float] = {}
+        for holder, age in ages.items():
+            worker = holder.split("#", 1)[0]  # "worker-3#<incarnation>"
+            index = worker.rsplit("-", 1)[-1]
+            if index.isdigit():
+                name = self._pod_name("worker", int(index))
+                out[name] = max(age, out.get(name, 0.0))
+        return out
+
+    def _shard_s(self, samples: Sequence[RuntimeSample]) -> float | None:
+        """Seconds one worker takes for one shard at the median speed of the recent samples:
+        shard rows / median per-worker samples/s (None before any worker made progress)."""
+        speeds = [
+            n.throughput
+            for sample in samples
+            for n in sample.nodes
+            if n.role == "worker" and n.throughput
+        ]
+        if not speeds:
+            return None
+        return self.settings.shard_rows / statistics.median(speeds)
+
     def _decide(self, state: MasterState, t: float) -> None:
         settled = self._settled()
         if not settled:
@@ -327,7 +354,10 @@ class ElasticRun(StaticRun):
         # Stage 3 first: instability (a memory trend toward a limit, a hot PS, a straggler)
         # is acted on before any resize. It sees the settled samples since the last change.
         recent = [x for x in settled if x.time >= self.samples[self._starts[-1]].time]
-        unstable = post_scale(self.ctx, self.plan, Instability(samples=recent), t, self.planner)
+        observed = Instability(
+            samples=recent, lease_ages_s=self._lease_ages(state), shard_s=self._shard_s(recent)
+        )
+        unstable = post_scale(self.ctx, self.plan, observed, t, self.planner)
         if unstable is not None and unstable.actions:
             self._apply_actions(state, unstable)
             self._starts.append(len(self.samples))

@@ -80,6 +80,13 @@ class RunSettings:
     master_host: str = "127.0.0.1"
     #: interpreter of the pods' processes
     python: str = field(default_factory=lambda: sys.executable)
+    #: seconds a worker may still run once every shard is done (it exits when it asks for the
+    #: next one); then it is stopped: a frozen process would otherwise hold the job forever
+    finish_grace_s: float = 30.0
+
+
+#: Tries of the final checkpoint before a run fails (1 s, 2 s, 4 s apart).
+FINAL_CHECKPOINT_ATTEMPTS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -494,8 +501,7 @@ class StaticRun:
             )
             self._train(state, start)
             coordinator = self.coordinator
-            step = state.totals()[1]
-            coordinator.checkpoint(step, extra=self._checkpoint_extra(state))
+            self._final_checkpoint(state, state.totals()[1])
             coordinator.shutdown_ps()
             self._wait_for_exit(timeout_s=30.0)
             model_dir, metrics = evaluate_and_export(
@@ -588,6 +594,7 @@ class StaticRun:
         next_sample = s.sample_interval_s
         next_checkpoint = s.checkpoint_interval_s if s.checkpoint_interval_s > 0 else math.inf
         total = self.ledger.total_rows
+        finished_at: float | None = None  # when the last shard was done
         while True:
             time.sleep(0.1)
             t = self.clock() - start
@@ -595,9 +602,13 @@ class StaticRun:
             self._handle_failures(statuses, t)
             # Done when every shard is done and no worker is still running (each exits once
             # it gets no more shards; a failed one was handled above).
-            running = any(s_.role == "worker" and not s_.phase.terminal for s_ in statuses)
+            running = [s_ for s_ in statuses if s_.role == "worker" and not s_.phase.terminal]
             with state.lock:
                 done = state.ledger.finished
+            if done and running:
+                finished_at = t if finished_at is None else finished_at
+                if t - finished_at > s.finish_grace_s:
+                    self._stop_lingering(running, t - finished_at, t)
             if done and not running:
                 if not self.samples or t - self.samples[-1].time > 0.5:
                     self._sample(state, t, last_sample)
@@ -622,6 +633,9 @@ class StaticRun:
                     trained, _, loss_sum, _ = state.totals()
                     last_sample = (t, trained, loss_sum)
                     next_sample = t + s.sample_interval_s
+            failure = self.coordinator.take_failure()
+            if failure is not None:
+                self._checkpoint_failed(failure, t)
             if t >= next_checkpoint:
                 steps = state.totals()[1]
                 started = self.coordinator.checkpoint(
@@ -630,6 +644,53 @@ class StaticRun:
                 if started:
                     self.progress(f"flash checkpoint of step {steps:,} started")
                 next_checkpoint = t + s.checkpoint_interval_s
+
+    def _stop_lingering(self, running: list[PodStatus], idle_s: float, t: float) -> None:
+        """Workers still running ``idle_s`` after the last shard was done: nothing is left for
+        them, so each is frozen or stuck; stop it, and say so in the profile."""
+        for pod in running:
+            self._stopping.add(pod.name)
+            self.backend.delete(pod.name)
+            detail = (
+                f"still running {idle_s:.0f}s after every shard was done (frozen or stuck): "
+                "stopped"
+            )
+            self.events.append(
+                JobEvent(time=round(t, 3), kind="straggler", node=pod.name, detail=detail)
+            )
+            self.progress(f"{self.run_id}: {pod.name}: {detail}")
+
+    def _final_checkpoint(self, state: MasterState, step: int) -> None:
+        """The checkpoint the model is exported from. A write error (a full disk) is retried
+        a few times, since space may come back; then the run fails with the reason, its
+        profile written and the last committed checkpoint kept for a resumed run."""
+        delay = 1.0
+        for attempt in range(1, FINAL_CHECKPOINT_ATTEMPTS + 1):
+            try:
+                self.coordinator.checkpoint(step, extra=self._checkpoint_extra(state))
+                return
+            except ckpt.CheckpointWriteError as exc:
+                self._checkpoint_failed(exc, self.clock() - self.start)
+                if attempt == FINAL_CHECKPOINT_ATTEMPTS:
+                    raise JobFailedError(
+                        f"the final checkpoint of step {step:,} failed {attempt} times ({exc}); "
+                        "run the same command again to resume from the last committed one"
+                    ) from None
+                time.sleep(delay)
+                delay *= 2
+
+    def _checkpoint_failed(self, failure: BaseException, t: float) -> None:
+        """A periodic checkpoint failed (a full disk, a PS gone mid-write): training goes on,
+        and a restore uses the last committed checkpoint; the profile says so."""
+        committed = ckpt.list_checkpoints(self.checkpoint_dir)
+        kept = (
+            f"the checkpoint of step {committed[0]:,} stays the one to restore"
+            if committed
+            else "no checkpoint is committed yet"
+        )
+        detail = f"checkpoint failed: {failure}; {kept}"
+        self.events.append(JobEvent(time=round(t, 3), kind="failure", detail=detail))
+        self.progress(f"{self.run_id}: {detail}")
 
     def _profile(
         self, status: str, reason: str, jct: float, samples: int, metrics: Metrics

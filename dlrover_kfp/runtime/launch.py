@@ -10,16 +10,20 @@ the record, never held while the job trains.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 from pathlib import Path
 from types import FrameType
 
 from dlrover_kfp.backends import ClusterBackend, LocalBackend
+from dlrover_kfp.core.documents import to_json
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings
+from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.history import record_profile
+from dlrover_kfp.files import read_document, write_atomic
+from dlrover_kfp.history.pending import record_or_keep
 from dlrover_kfp.planning import known_points, local_planner_settings, plan_start
 from dlrover_kfp.runtime.elastic import ElasticRun
 from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings, StaticRun
@@ -98,8 +102,23 @@ def run_job(
         )
     result = run.run()
     if history_url is not None and record:
-        record_profile(history_url, result.profile)
+        result = record_run(history_url, result, progress)
     return result
+
+
+def record_run(history_url: str, result: RunResult, progress: Progress) -> RunResult:
+    """Record the run's profile, or keep it on disk when the store is unavailable
+    (:func:`~dlrover_kfp.history.pending.record_or_keep`): then the run's ``profile.json``
+    gets the event that says so, and the result carries it."""
+    outcome = record_or_keep(history_url, result.profile)
+    for run_id in outcome.drained:
+        progress(f"history: recorded the pending profile of {run_id}")
+    if outcome.kept is None:
+        return result
+    profile = read_document(JobProfile, outcome.kept)
+    write_atomic(result.output_dir / "profile.json", to_json(profile) + "\n")
+    progress(f"{profile.events[-1].detail}")
+    return dataclasses.replace(result, profile=profile)
 
 
 def run_local(
@@ -134,4 +153,4 @@ def run_local(
         )
 
 
-__all__ = ["run_job", "run_local", "unwind_on_sigterm"]
+__all__ = ["record_run", "run_job", "run_local", "unwind_on_sigterm"]

@@ -12,10 +12,9 @@ from dlrover_kfp import __version__
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import read_document
-from dlrover_kfp.history import record_profile
 from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings
 from dlrover_kfp.runtime.kube import DEFAULT_MOUNT_PATH, KubeOptions, master_host, run_kubernetes
-from dlrover_kfp.runtime.launch import run_local
+from dlrover_kfp.runtime.launch import record_run, run_local
 from dlrover_kfp.steps.spec import (
     TrainingFailedError,
     check_backend,
@@ -114,7 +113,7 @@ def train_step(
             record=False,
         )
     if not result.succeeded:
-        record_profile(url, result.profile)
+        result = record_run(url, result, progress)
         reason = result.profile.outcome.reason or "see the profile's events"
         raise TrainingFailedError(
             f"{loaded.spec.name}: run {result.profile.run_id} failed: {reason} (its profile is "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
@@ -209,6 +210,32 @@ def test_slow_worker_shards_flow_to_others_then_it_is_replaced() -> None:
     later = decide(samples(S.straggler_replace_samples, slow))
     assert later is not None
     assert [(a.kind, a.node) for a in later.actions] == [("replace_worker", "job-worker-1")]
+
+
+def test_a_hung_worker_is_replaced_even_when_its_peers_wait_too() -> None:
+    """Its peers have drained every other shard and idle (speed 0), so no peer comparison can
+    see it; the age of the shard it holds does."""
+    idle = {
+        f"job-worker-{k}": functools.partial(
+            lambda name, i: node(name, speed=0.0), f"job-worker-{k}"
+        )
+        for k in range(4)
+    }
+    window = samples(3, idle)
+    now = window[-1].time
+    # 1 s per shard: the limit is max(hung_lease_min_s, 10 x 1 s) = 60 s.
+    calm = Instability(window, lease_ages_s={"job-worker-2": 59.0}, shard_s=1.0)
+    assert post_scale(CTX, PLAN, calm, now, SETTINGS) is None
+    hung = Instability(
+        window, lease_ages_s={"job-worker-2": 61.0, "job-worker-1": 3.0}, shard_s=1.0
+    )
+    plan = post_scale(CTX, PLAN, hung, now, SETTINGS)
+    assert plan is not None
+    assert [(a.kind, a.node) for a in plan.actions] == [("replace_worker", "job-worker-2")]
+    assert plan.actions[0].reason.startswith("hung: holds a shard for 61s")
+    # Slow shards raise the limit: 10 x 20 s.
+    slow = Instability(window, lease_ages_s={"job-worker-2": 150.0}, shard_s=20.0)
+    assert post_scale(CTX, PLAN, slow, now, SETTINGS) is None
 
 
 def test_pending_too_long_relaunches_smaller() -> None:

@@ -90,6 +90,18 @@ def test_requeue_gives_back_only_that_workers_shards_to_the_front() -> None:
     assert ledger.complete("b", 1, 0)
 
 
+def test_lease_ages_are_per_holder_and_its_oldest_lease() -> None:
+    ledger = make(lease_s=100.0)
+    ledger.lease("a", now=0.0)
+    ledger.lease("a", now=7.0)
+    ledger.lease("b", now=5.0)
+    assert ledger.lease_ages(12.0) == {"a": 12.0, "b": 7.0}
+    ledger.complete("a", 0, 0)  # its oldest is done: its age is the next one's
+    assert ledger.lease_ages(12.0) == {"a": 5.0, "b": 7.0}
+    ledger.requeue("b")
+    assert ledger.lease_ages(12.0) == {"a": 5.0}
+
+
 def test_expire_requeues_past_deadline_leases() -> None:
     ledger = make(lease_s=10.0)
     ledger.lease("a", now=0.0)  # deadline 10

@@ -15,6 +15,9 @@ runtime applies them. Rules, in the order they are checked (a pod gets at most o
 - Slow worker: its throughput below ``straggler_ratio`` x its peers' median for
   ``straggler_samples`` samples -> its shards go back to the queue for the others to pull;
   after ``straggler_replace_samples`` it is replaced.
+- Hung worker: a worker has held a shard without reporting it for ``hung_lease_factor`` x the
+  time one shard takes at the job's median speed (at least ``hung_lease_min_s``) -> it is
+  replaced, and its shards go back to the queue when its connection drops.
 - Pending too long: a pod pending more than ``pending_timeout_s`` -> relaunch it smaller.
 
 Growth stays inside the quota: when the quota has no room, workers are given up first (the
@@ -45,6 +48,10 @@ class Instability:
     events: Sequence[JobEvent] = ()
     #: pods pending (not yet running) and for how many seconds
     pending_s: Mapping[str, float] | None = None
+    #: per worker pod, how long it has held its oldest leased shard without reporting it
+    lease_ages_s: Mapping[str, float] | None = None
+    #: seconds one worker takes for one shard at the job's median speed (None: not known yet)
+    shard_s: float | None = None
 
 
 def _series(samples: Sequence[RuntimeSample]) -> dict[str, list[tuple[float, NodeSample]]]:
@@ -163,6 +170,27 @@ def hot_ps(
     return actions
 
 
+def hung_workers(
+    lease_ages_s: Mapping[str, float], shard_s: float | None, s: PostScaleSettings
+) -> list[NodeAction]:
+    """Workers that hold a shard far longer than a shard takes: replace them.
+
+    limit = max(hung_lease_min_s, hung_lease_factor · shard_s); without a known shard time
+    only the floor applies.
+    """
+    limit = max(s.hung_lease_min_s, s.hung_lease_factor * shard_s if shard_s else 0.0)
+    return [
+        NodeAction(
+            kind="replace_worker",
+            node=name,
+            reason=f"hung: holds a shard for {age:.0f}s without reporting it (limit "
+            f"{limit:.0f}s): replace it",
+        )
+        for name, age in sorted(lease_ages_s.items())
+        if age > limit
+    ]
+
+
 def slow_workers(samples: Sequence[RuntimeSample], s: PostScaleSettings) -> list[NodeAction]:
     """Workers slower than ``straggler_ratio`` x their peers' median in each recent sample."""
     recent = samples[-s.straggler_replace_samples :]
@@ -275,6 +303,7 @@ def post_scale(
     take(ooms)
     take(oom_predictions(series, now, s, ctx))
     take(hot_ps(series, s, ctx))
+    take(hung_workers(observed.lease_ages_s or {}, observed.shard_s, s))
     take(slow_workers(observed.samples, s))
     take(pending_too_long(observed.pending_s or {}, groups, s, ctx))
     if not actions:

@@ -150,6 +150,12 @@ class PostScaleSettings:
     straggler_samples: int = 3
     #: ... and after this many it is replaced by a new pod.
     straggler_replace_samples: int = 6
+    #: Hung worker: it has held a data shard without reporting it for this many times the
+    #: time a worker takes for one shard at the job's median speed, and at least
+    #: ``hung_lease_min_s``: it is replaced (a frozen process, a dead NIC). The comparison with
+    #: its peers above cannot see it once they have drained every other shard and wait too.
+    hung_lease_factor: float = 10.0
+    hung_lease_min_s: float = 60.0
     #: OOM prevention: extrapolate each pod's memory over the last ``oom_trend_samples`` samples
     #: to ``oom_horizon_s`` ahead (one planning interval); relaunch it bigger when that reaches
     #: ``oom_threshold`` of its limit.

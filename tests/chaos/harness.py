@@ -1,0 +1,474 @@
+"""Seeded fault schedules and the checks every chaos run must pass.
+
+A schedule is drawn from a seed alone (``random.Random(seed)``), so a failing run is replayed
+exactly by its seed: which faults, on which pod, how long after training started. The injector
+applies them from outside the job, as the world would: signals to the pods' processes, a
+process exec'd into a pod that eats memory, the CFS quota of a PS's cgroup cut to a tenth, the
+checkpoint disk filled. It never calls into the job master.
+
+After the run the checks are the ones a user relies on, derived from the data and the fault-free
+run, not from the code under test:
+
+* samples processed = rows x epochs minus the held-out rows, exactly (counted from the dataset);
+* no shard DONE twice: the ledger's rows done equal its total rows (once every shard of every
+  epoch is done, a shard done twice would add its rows again);
+* the held-out loss within ``LOSS_TOLERANCE`` of a fault-free run's;
+* every fault injected is an event of the profile, naming the pod it hit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from dlrover_kfp.backends import LocalBackend
+from dlrover_kfp.core.documents import load_text, parse
+from dlrover_kfp.core.plan import ResourcePlan, Stage
+from dlrover_kfp.core.planner import PlannerSettings
+from dlrover_kfp.core.planner.settings import NodeLimits
+from dlrover_kfp.core.profile import JobEvent, JobProfile
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.runtime.elastic import ElasticRun
+from dlrover_kfp.runtime.job import RunResult, RunSettings
+from dlrover_kfp.training.data import open_dataset, split_ranges
+
+#: Held-out log-loss a faulty run may differ by from the fault-free run's. Asynchronous PS
+#: training is not deterministic even without faults (workers interleave their pushes
+#: differently every run); a rollback retrains the shards done after the checkpoint, whose
+#: pushes the restored PS had not kept, and a killed worker's unreported shard is retrained.
+LOSS_TOLERANCE = 0.02
+
+
+class Fault(StrEnum):
+    """What the injector can do to a running job."""
+
+    WORKER_KILL = "worker-sigkill"
+    PS_KILL = "ps-sigkill"
+    WORKER_STOP = "worker-sigstop"
+    WORKER_MEMORY = "worker-memory"
+    PS_THROTTLE = "ps-throttle"
+    DISK_FULL = "disk-full"
+
+
+#: What the profile must say about each fault: (event kinds, accepted), the event naming the
+#: pod that was hit (the disk has no pod: any checkpoint failure event).
+EXPECTED_EVENTS: dict[Fault, tuple[str, ...]] = {
+    Fault.WORKER_KILL: ("failure",),
+    Fault.PS_KILL: ("failure",),
+    Fault.WORKER_STOP: ("straggler",),
+    Fault.WORKER_MEMORY: ("oom",),
+    Fault.PS_THROTTLE: ("straggler", "migration"),
+    Fault.DISK_FULL: ("failure",),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """One fault of a schedule: once ``at`` of the job's rows are done, on pod ``index``.
+
+    Progress, not seconds: the same schedule hits the same phase of the job on a fast machine
+    and on a loaded one (a rollback sets progress back, so a later fault waits for it again).
+    """
+
+    at: float
+    fault: Fault
+    index: int
+
+
+@dataclass
+class Injected:
+    """A fault as applied: the pod it hit (None for the disk) and when (run clock)."""
+
+    fault: Fault
+    pod: str | None
+    at_s: float
+
+
+def draw_schedule(
+    seed: int,
+    kinds: Sequence[Fault],
+    count: int,
+    *,
+    workers: int,
+    ps: int,
+    span: tuple[float, float] = (0.05, 0.8),
+) -> list[Injection]:
+    """``count`` faults drawn from ``kinds`` with seed ``seed``, at progress points spread
+    evenly over ``span`` with a random jitter (so each is mostly detected before the next;
+    some still overlap a recovery)."""
+    rng = random.Random(seed)
+    lo, hi = span
+    step = (hi - lo) / count
+    out = []
+    for k in range(count):
+        fault = rng.choice(list(kinds))
+        index = rng.randrange(ps if fault in (Fault.PS_KILL, Fault.PS_THROTTLE) else workers)
+        out.append(Injection(round(lo + step * (k + rng.uniform(0.0, 0.5)), 3), fault, index))
+    return out
+
+
+# -------------------------------------------------------------------------------- the job
+
+MODEL = (
+    "{embedding_dim: 8, table_sizes: [1000, 50, 7, 3000, 20000, 500], dense_features: 13, "
+    "bottom_mlp: [32, 16, 8], top_mlp: [32, 1]}"
+)
+
+#: Quarter-core pods and second-long sampling, so a run is seconds; Stage 2 off (a resize would
+#: make runs differ by more than their faults), Stage 3 and the relaunch policy on, a worker
+#: hung after 5 s (its shards take ~0.5 s here; the default floor is a minute).
+PLANNER = PlannerSettings(
+    node=NodeLimits(min_cpu=0.25, cpu_step=0.25, min_memory_mb=512),
+    auto_scale=dataclasses.replace(
+        PlannerSettings().auto_scale, min_interval_s=8.0, min_samples=10_000
+    ),
+    post_scale=dataclasses.replace(PlannerSettings().post_scale, hung_lease_min_s=5.0),
+)
+
+
+def chaos_spec(rows: int) -> JobSpec:
+    text = f"""
+name: chaos
+model: {MODEL}
+data: {{format: synthetic, rows: {rows}, seed: 11}}
+training: {{batch_size: 512, learning_rate: 0.05}}
+resources:
+  limits: {{cpu: 2, memory: 16Gi}}
+  workers: {{count: 2, cpu: 0.5, memory: 1536Mi}}
+  ps: {{count: 2, cpu: 0.5, memory: 1536Mi}}
+"""
+    return parse(JobSpec, load_text(text, "chaos"), "chaos")
+
+
+def trained_rows(spec: JobSpec, settings: RunSettings) -> int:
+    """rows x epochs minus the held-out rows, from the data itself (not from the run)."""
+    dataset = open_dataset(spec.data, spec.model)
+    train, _ = split_ranges(dataset.source_rows, settings.shard_rows, settings.eval_fraction)
+    return sum(r.end - r.start for r in train) * spec.training.epochs
+
+
+#: A worker still running 5 s after the last shard is done is stopped (default 30 s).
+SETTINGS = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=2.0, finish_grace_s=5.0)
+
+
+# --------------------------------------------------------------------------- the injector
+
+#: Memory written as fast as the kernel gives it, every page touched: the pod's cgroup hits its
+#: limit within seconds, as a leaking data loader would.
+EAT_MEMORY = (
+    "import time\n"
+    "chunks = []\n"
+    "while True:\n"
+    "    chunks.append(b'x' * (64 << 20))\n"
+    "    time.sleep(0.02)\n"
+)
+
+
+def _cgroup_cpu_dir(pid: int) -> Path | None:
+    """The cgroup directory that holds the CPU quota of process ``pid`` (v2 or v1)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            candidate = Path("/sys/fs/cgroup") / path.lstrip("/")
+            if (candidate / "cpu.max").exists():
+                return candidate
+        elif "cpu" in controllers.split(","):
+            for mount in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
+                candidate = Path("/sys/fs/cgroup") / mount / path.lstrip("/")
+                if (candidate / "cpu.cfs_quota_us").exists():
+                    return candidate
+    return None
+
+
+def throttle(pid: int, fraction: float) -> bool:
+    """Cut the CFS quota of ``pid``'s cgroup to ``fraction`` of what it is (a noisy neighbour
+    or an admin's mistake, from outside the job). False where the quota cannot be written."""
+    directory = _cgroup_cpu_dir(pid)
+    if directory is None:
+        return False
+    try:
+        if (directory / "cpu.max").exists():
+            quota, period = (directory / "cpu.max").read_text().split()
+            if quota == "max":
+                return False
+            new = max(1000, int(int(quota) * fraction))
+            (directory / "cpu.max").write_text(f"{new} {period}\n")
+        else:
+            quota = int((directory / "cpu.cfs_quota_us").read_text())
+            if quota <= 0:
+                return False
+            (directory / "cpu.cfs_quota_us").write_text(f"{max(1000, int(quota * fraction))}\n")
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class Injector:
+    """Applies a schedule to a running :class:`ElasticRun` on a :class:`LocalBackend`."""
+
+    schedule: Sequence[Injection]
+    #: fills the checkpoint disk for :attr:`Fault.DISK_FULL` (and frees it after a while)
+    fill_disk: Callable[[], Callable[[], None]] | None = None
+    injected: list[Injected] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def __call__(self, run: ElasticRun, backend: LocalBackend) -> None:
+        try:
+            self._inject(run, backend)
+        except BaseException as exc:  # reported by the test, not lost in a thread
+            self.error = exc
+
+    def _inject(self, run: ElasticRun, backend: LocalBackend) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            committed = (
+                [p for p in run.checkpoint_dir.glob("step-*") if not p.name.endswith(".tmp")]
+                if hasattr(run, "checkpoint_dir")
+                else []
+            )
+            if committed and run.samples and run.samples[-1].throughput > 0:
+                break
+            time.sleep(0.05)
+        job = run.spec.name
+        for injection in self.schedule:
+            while True:
+                with run.state.lock:
+                    ledger = run.state.ledger
+                    finished, done = ledger.finished, ledger.rows_done / ledger.total_rows
+                if finished or done >= injection.at:
+                    break
+                time.sleep(0.02)
+            if finished:
+                self.skipped.append(f"{injection.fault} at {injection.at:.0%}: job finished")
+                break
+            self._apply(run, backend, job, injection)
+
+    def _apply(self, run: ElasticRun, backend: LocalBackend, job: str, inj: Injection) -> None:
+        t = time.monotonic() - run.start
+        role = "ps" if inj.fault in (Fault.PS_KILL, Fault.PS_THROTTLE) else "worker"
+        pod = f"{job}-{role}-{inj.index}"
+        if inj.fault is Fault.DISK_FULL:
+            assert self.fill_disk is not None
+            free = self.fill_disk()
+            self.injected.append(Injected(inj.fault, None, t))
+            # Full until a checkpoint has failed on it, and 2 s more (the next fault of the
+            # schedule comes while it is still full), then freed.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not any(
+                e.kind == "failure" and "checkpoint failed" in e.detail for e in list(run.events)
+            ):
+                time.sleep(0.05)
+            threading.Timer(2.0, free).start()
+            return
+        pid = _live_pid(backend, pod)
+        if pid is None:
+            self.skipped.append(f"{inj.fault} on {pod}: not running")
+            return
+        if inj.fault in (Fault.WORKER_KILL, Fault.PS_KILL):
+            os.kill(pid, signal.SIGKILL)
+        elif inj.fault is Fault.WORKER_STOP:
+            os.kill(pid, signal.SIGSTOP)
+        elif inj.fault is Fault.WORKER_MEMORY:
+            backend.exec_in(pod, (sys.executable, "-c", EAT_MEMORY))
+        elif inj.fault is Fault.PS_THROTTLE and not throttle(pid, 0.1):
+            self.skipped.append(f"{inj.fault} on {pod}: the CPU quota cannot be written")
+            return
+        self.injected.append(Injected(inj.fault, pod, t))
+
+
+def _live_pid(backend: LocalBackend, pod: str) -> int | None:
+    """The pod's process if it is running and not stopped (a stopped one is a fault already)."""
+    pid = backend.pid_of(pod)
+    if pid is None:
+        return None
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    return None if state in ("T", "t", "Z", "X") else pid
+
+
+# ----------------------------------------------------------------------------- the checks
+
+
+@dataclass
+class ChaosOutcome:
+    """What one chaos run measured, for the assertions and the suite's summary line."""
+
+    seed: int
+    injected: list[Injected]
+    expected_samples: int
+    samples: int
+    rows_done: int
+    total_rows: int
+    loss: float | None
+    events: tuple[JobEvent, ...]
+    unexplained: list[Injected]
+
+    @property
+    def samples_lost(self) -> int:
+        return self.expected_samples - self.samples
+
+    @property
+    def shards_done_twice_rows(self) -> int:
+        return self.rows_done - self.total_rows
+
+    def line(self, reference_loss: float | None) -> str:
+        kinds = Counter(str(i.fault) for i in self.injected)
+        diff = (
+            f"{abs(self.loss - reference_loss):.4f}"
+            if self.loss is not None and reference_loss is not None
+            else "-"
+        )
+        return (
+            f"chaos seed {self.seed}: faults {dict(sorted(kinds.items()))}; samples "
+            f"{self.samples:,} of {self.expected_samples:,} (lost {self.samples_lost}); rows "
+            f"done twice {self.shards_done_twice_rows}; loss {self.loss} (diff {diff})"
+        )
+
+
+def explained(injected: Sequence[Injected], events: Sequence[JobEvent]) -> list[Injected]:
+    """The injected faults that no event of the profile accounts for: an event of an expected
+    kind naming the pod, at or after the fault (each event accounts for one fault)."""
+    used: set[int] = set()
+    missing = []
+    for fault in injected:
+        kinds = EXPECTED_EVENTS[fault.fault]
+        match = next(
+            (
+                i
+                for i, e in enumerate(events)
+                if i not in used
+                and e.kind in kinds
+                and (fault.pod is None or e.node == fault.pod)
+                and (fault.pod is not None or "checkpoint" in e.detail)
+                and e.time >= fault.at_s - 1.0
+            ),
+            None,
+        )
+        if match is None:
+            missing.append(fault)
+        else:
+            used.add(match)
+    return missing
+
+
+def run_chaos(
+    seed: int,
+    tmp_path: Path,
+    schedule: Sequence[Injection],
+    *,
+    rows: int,
+    out: Path | None = None,
+    fill_disk: Callable[[], Callable[[], None]] | None = None,
+) -> tuple[RunResult, ChaosOutcome]:
+    """One elastic run of :func:`chaos_spec` with ``schedule`` applied while it trains, its
+    output (checkpoints, model, profile) in ``out`` (default ``tmp_path/out``) and its pods'
+    logs beside it, so that a full output disk does not stop the pods from logging."""
+    spec = chaos_spec(rows)
+    plan = ResourcePlan(
+        workers=spec.resources.workers.to_group(),  # type: ignore[union-attr]
+        ps=spec.resources.ps.to_group(),  # type: ignore[union-attr]
+        stage=Stage.MANUAL,
+        reason="the user's guess",
+    )
+    out = out or tmp_path / "out"
+    injector = Injector(schedule, fill_disk=fill_disk)
+    runs: list[ElasticRun] = []
+    with LocalBackend(tmp_path / "logs") as backend:
+        run = ElasticRun(
+            spec,
+            backend,
+            plan=plan,
+            planner=PLANNER,
+            output_dir=out,
+            base_dir=tmp_path,
+            settings=SETTINGS,
+            progress=lambda line: None,
+        )
+        runs.append(run)
+        thread = threading.Thread(target=injector, args=(run, backend), daemon=True)
+        if schedule:
+            thread.start()
+        result = run.run()
+    thread.join(timeout=10) if schedule else None
+    if injector.error is not None:
+        raise injector.error
+    profile: JobProfile = result.profile
+    with run.state.lock:
+        ledger = run.state.ledger
+        rows_done, total_rows = ledger.rows_done, ledger.total_rows
+    outcome = ChaosOutcome(
+        seed=seed,
+        injected=injector.injected,
+        expected_samples=trained_rows(spec, SETTINGS),
+        samples=profile.outcome.samples_processed,
+        rows_done=rows_done,
+        total_rows=total_rows,
+        loss=profile.metrics.loss,
+        events=profile.events,
+        unexplained=explained(injector.injected, profile.events),
+    )
+    return result, outcome
+
+
+# ------------------------------------------------------------------------------ full disk
+
+
+@dataclass
+class SmallDisk:
+    """A tmpfs of ``size_mb`` mounted at ``path`` (root only): the job's output disk, which
+    :meth:`fill` fills to the last byte until the function it returns frees it."""
+
+    path: Path
+    size_mb: int = 64
+
+    def __enter__(self) -> SmallDisk:
+        self.path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self.size_mb}m", "tmpfs", str(self.path)],
+            check=True,
+            capture_output=True,
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], check=False, capture_output=True)
+
+    def fill(self) -> Callable[[], None]:
+        filler = self.path / "filler"
+        with open(filler, "wb", buffering=0) as f:
+            chunk = b"\0" * (1 << 20)
+            try:
+                while True:
+                    f.write(chunk)
+            except OSError:
+                pass
+            # The last bytes a 1 MiB write could not take.
+            try:
+                while True:
+                    f.write(b"\0" * 4096)
+            except OSError:
+                pass
+
+        def free() -> None:
+            filler.unlink(missing_ok=True)
+
+        return free

@@ -1,0 +1,112 @@
+"""Chaos on the local backend: seeded fault schedules during real elastic runs.
+
+Each test draws its faults from its seed (tests/chaos/harness.py) and applies them to real
+processes while the job trains; the run must end with every training row trained exactly once,
+no shard done twice, a held-out loss close to the fault-free run's, and every fault in the
+profile's events. ``pytest -m long tests/chaos`` runs the longer soak (more seeds, more faults).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dlrover_kfp.backends import LocalBackend
+from tests.chaos.harness import (
+    LOSS_TOLERANCE,
+    ChaosOutcome,
+    Fault,
+    Injection,
+    SmallDisk,
+    draw_schedule,
+    run_chaos,
+)
+
+pytestmark = pytest.mark.chaos
+
+ROWS = 600_000
+
+#: The faults of a pod: the kernel kills a process, a process freezes, memory runs out. (A PS
+#: throttled to a tenth of its CPU is not in the schedules: no rule detects it yet, see
+#: docs/reliability.md.)
+POD_FAULTS = (Fault.WORKER_KILL, Fault.PS_KILL, Fault.WORKER_STOP, Fault.WORKER_MEMORY)
+
+
+def _needs_cgroups(tmp_path: Path) -> None:
+    with LocalBackend(tmp_path / "probe") as probe:
+        if not probe.cpu_enforced:
+            pytest.skip(
+                "needs cgroups (root or a delegated group): memory and CPU faults act on the "
+                "pods' groups"
+            )
+
+
+@pytest.fixture(scope="module")
+def reference_loss(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """The held-out loss of the same job without faults."""
+    result, outcome = run_chaos(-1, tmp_path_factory.mktemp("reference"), [], rows=ROWS)
+    assert result.succeeded, result.profile.outcome.reason
+    assert outcome.samples_lost == 0
+    assert outcome.loss is not None
+    return outcome.loss
+
+
+def check(outcome: ChaosOutcome, reference: float) -> None:
+    print("\n" + outcome.line(reference))
+    assert outcome.samples_lost == 0, outcome.line(reference)
+    assert outcome.shards_done_twice_rows == 0, outcome.line(reference)
+    assert outcome.loss is not None
+    assert abs(outcome.loss - reference) <= LOSS_TOLERANCE, outcome.line(reference)
+    assert not outcome.unexplained, (outcome.unexplained, outcome.events)
+
+
+# Seed 4 draws every pod fault once: a PS SIGKILL, a worker over its memory, a worker SIGKILL
+# and a worker frozen by SIGSTOP (the soak below draws many more).
+@pytest.mark.parametrize("seed", [4])
+def test_pod_faults_lose_nothing(seed: int, tmp_path: Path, reference_loss: float) -> None:
+    _needs_cgroups(tmp_path)
+    schedule = draw_schedule(seed, POD_FAULTS, 4, workers=2, ps=2)
+    result, outcome = run_chaos(seed, tmp_path, schedule, rows=ROWS)
+    assert result.succeeded, (result.profile.outcome.reason, result.profile.events)
+    assert len(outcome.injected) == len(schedule), outcome.injected
+    check(outcome, reference_loss)
+
+
+def test_a_full_disk_fails_a_checkpoint_and_the_previous_one_restores(
+    tmp_path: Path, reference_loss: float
+) -> None:
+    """The output disk fills up while the PS persist a checkpoint; a PS is killed while it is
+    still full, so the job rolls back to the checkpoint before: it must be whole and usable."""
+    _needs_cgroups(tmp_path)
+    out = tmp_path / "out"
+    try:
+        disk = SmallDisk(out).__enter__()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot mount a tmpfs as the full disk (needs root): {exc}")
+    try:
+        schedule = [Injection(0.2, Fault.DISK_FULL, 0), Injection(0.35, Fault.PS_KILL, 1)]
+        result, outcome = run_chaos(7, tmp_path, schedule, rows=ROWS, out=out, fill_disk=disk.fill)
+    finally:
+        disk.__exit__()
+    assert result.succeeded, (result.profile.outcome.reason, result.profile.events)
+    failed = [e for e in outcome.events if e.kind == "failure" and "checkpoint" in e.detail]
+    assert failed and "No space left on device" in failed[0].detail, outcome.events
+    assert "stays the one to restore" in failed[0].detail
+    restored = [e for e in outcome.events if "restored from the checkpoint of step" in e.detail]
+    assert restored, outcome.events
+    check(outcome, reference_loss)
+
+
+@pytest.mark.long
+def test_soak(tmp_path: Path, reference_loss: float) -> None:
+    """More seeds, more faults: ``DLROVER_KFP_CHAOS_RUNS`` runs (default 10)."""
+    _needs_cgroups(tmp_path)
+    runs = int(os.environ.get("DLROVER_KFP_CHAOS_RUNS", "10"))
+    for seed in range(100, 100 + runs):
+        schedule = draw_schedule(seed, POD_FAULTS, 5, workers=2, ps=2)
+        result, outcome = run_chaos(seed, tmp_path / str(seed), schedule, rows=ROWS * 2)
+        assert result.succeeded, (seed, result.profile.outcome.reason, result.profile.events)
+        check(outcome, reference_loss)
