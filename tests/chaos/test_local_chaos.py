@@ -16,18 +16,17 @@ import pytest
 
 from dlrover_kfp.backends import LocalBackend
 from tests.chaos.harness import (
-    LOSS_TOLERANCE,
-    ChaosOutcome,
+    ROWS,
     Fault,
     Injection,
     SmallDisk,
+    check,
     draw_schedule,
     run_chaos,
 )
 
 pytestmark = pytest.mark.chaos
 
-ROWS = 600_000
 
 #: The faults of a pod: the kernel kills a process, a process freezes, memory runs out. (A PS
 #: throttled to a tenth of its CPU is not in the schedules: no rule detects it yet, see
@@ -42,25 +41,6 @@ def _needs_cgroups(tmp_path: Path) -> None:
                 "needs cgroups (root or a delegated group): memory and CPU faults act on the "
                 "pods' groups"
             )
-
-
-@pytest.fixture(scope="module")
-def reference_loss(tmp_path_factory: pytest.TempPathFactory) -> float:
-    """The held-out loss of the same job without faults."""
-    result, outcome = run_chaos(-1, tmp_path_factory.mktemp("reference"), [], rows=ROWS)
-    assert result.succeeded, result.profile.outcome.reason
-    assert outcome.samples_lost == 0
-    assert outcome.loss is not None
-    return outcome.loss
-
-
-def check(outcome: ChaosOutcome, reference: float) -> None:
-    print("\n" + outcome.line(reference))
-    assert outcome.samples_lost == 0, outcome.line(reference)
-    assert outcome.shards_done_twice_rows == 0, outcome.line(reference)
-    assert outcome.loss is not None
-    assert abs(outcome.loss - reference) <= LOSS_TOLERANCE, outcome.line(reference)
-    assert not outcome.unexplained, (outcome.unexplained, outcome.events)
 
 
 # Seed 4 draws every pod fault once: a PS SIGKILL, a worker over its memory, a worker SIGKILL

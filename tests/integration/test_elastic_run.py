@@ -225,6 +225,9 @@ def test_a_worker_killed_with_sigkill_gives_its_shards_back_at_once_and_is_relau
     assert "failure 1 of 3" in relaunches[0].detail
 
 
+# 18 s: the chaos suite (tests/chaos) runs a worker over its memory among its faults; the
+# relaunch with x2 memory is the policy's (tests/unit/test_relaunch.py).
+@pytest.mark.long
 def test_a_worker_over_its_memory_limit_is_oom_killed_and_relaunched_bigger(
     tmp_path: Path,
 ) -> None:
@@ -283,6 +286,9 @@ def test_a_hot_ps_moves_to_a_new_pod_while_training_goes_on(tmp_path: Path) -> N
     assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
 
 
+# 25-40 s: the chaos suite (tests/chaos) kills a PS with SIGKILL on both backends and checks
+# the same (every row once, the rollback event, the held-out loss).
+@pytest.mark.long
 def test_a_ps_killed_with_sigkill_rolls_the_job_back_to_its_checkpoint(tmp_path: Path) -> None:
     """Every PS restores the last committed checkpoint and the master its shard ledger and
     counts: the shards done since are trained again and counted once."""

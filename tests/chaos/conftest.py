@@ -1,0 +1,17 @@
+"""The fault-free run every chaos run's held-out loss is compared with (once per session)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chaos.harness import ROWS, run_chaos
+
+
+@pytest.fixture(scope="session")
+def reference_loss(tmp_path_factory: pytest.TempPathFactory) -> float:
+    """The held-out loss of the same job without faults, on the local backend."""
+    result, outcome = run_chaos(-1, tmp_path_factory.mktemp("reference"), [], rows=ROWS)
+    assert result.succeeded, result.profile.outcome.reason
+    assert outcome.samples_lost == 0
+    assert outcome.loss is not None
+    return outcome.loss
