@@ -95,4 +95,10 @@ def iter_json_lines(path: str | os.PathLike[str]) -> Iterator[tuple[str, int, ob
                 raise UserInputError(
                     f"{where}: malformed JSON: {exc.msg} (column {exc.colno})"
                 ) from None
+            except ValueError as exc:
+                # An integer of more digits than int() takes (4300): not a JSONDecodeError.
+                problem = str(exc).split(";", 1)[0]
+                raise UserInputError(f"{where}: malformed JSON: {problem}") from None
+            except RecursionError:
+                raise UserInputError(f"{where}: malformed JSON: nested too deeply") from None
             yield where, number, value

@@ -104,13 +104,54 @@ def json_schema(cls: type[Any]) -> dict[str, Any]:
     return schema
 
 
+#: Deepest nesting a document may have. The package's documents are a few levels deep; the
+#: limit exists because PyYAML's scanner does work quadratic in the depth of ``[[[...`` (100 KB
+#: of brackets would take minutes) and its composer recurses once per level.
+MAX_DEPTH = 100
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (same tags, same results) that refuses nesting beyond MAX_DEPTH as
+    soon as it sees it, before the scanner's cost grows."""
+
+    _depth = 0
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 (PyYAML's name)
+        if self.flow_level >= MAX_DEPTH:
+            raise yaml.scanner.ScannerError(
+                None, None, f"nested deeper than {MAX_DEPTH} levels", self.get_mark()
+            )
+        super().fetch_flow_collection_start(TokenClass)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                f"nested deeper than {MAX_DEPTH} levels",
+                self.peek_event().start_mark,  # type: ignore[no-untyped-call]
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 def load_text(text: str, source: str) -> object:
     """Parse YAML (a superset of JSON) text; malformed text names the source and the line."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_BoundedLoader)  # a SafeLoader: safe on untrusted text
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
         raise SpecError(f"{source}{where}: malformed YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: malformed YAML: {exc}") from None
+    except (ValueError, OverflowError) as exc:
+        # A scalar that resolves to an impossible value: a timestamp with month 13, an integer
+        # of more digits than int() takes. PyYAML lets these through as plain errors.
+        problem = str(exc).split(";", 1)[0]
+        raise SpecError(f"{source}: malformed YAML: unreadable value: {problem}") from None
+    except RecursionError:
+        raise SpecError(f"{source}: malformed YAML: nested too deeply") from None

@@ -92,12 +92,27 @@ def _exact_keys(data: Mapping[str, Any], expected: Sequence[str], source: str, k
             raise UserInputError(f"{source}: key {prefix}{name}: unknown key")
 
 
+#: Bounds on what a model file may say. The fit searches γ in [1, 2] by default; up to 8 leaves
+#: room for a wider search while (w/p)**γ stays finite for any cluster. A coefficient is seconds
+#: (per sample, per core...): beyond 10**6 s, or with none above 10**-12, the predictions are
+#: no longer finite (an overflow, a throughput of infinity), and a file saying so is corrupt.
+MAX_GAMMA = 8.0
+MAX_THETA = 1e6
+MIN_LARGEST_THETA = 1e-12
+
+
 def _number(value: object, source: str, key: str, *, minimum: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float):
         raise UserInputError(f"{source}: key {key}: expected a finite number, got {value!r}")
-    if minimum is not None and value < minimum:
+    try:
+        number = float(value)  # an int of any size is valid JSON
+    except OverflowError:
+        raise UserInputError(f"{source}: key {key}: expected a finite number, too large") from None
+    if not math.isfinite(number):
+        raise UserInputError(f"{source}: key {key}: expected a finite number, got {value!r}")
+    if minimum is not None and number < minimum:
         raise UserInputError(f"{source}: key {key}: must be >= {minimum:g}, got {value!r}")
-    return float(value)
+    return number
 
 
 def _count(value: object, source: str, key: str) -> int:
@@ -198,11 +213,23 @@ def model_from_dict(data: object, source: str) -> PerfModel:
     values = [_number(theta_map[n], source, f"theta.{n}", minimum=0) for n in THETA_NAMES]
     if not any(v > 0 for v in values):
         raise UserInputError(f"{source}: key theta: at least one coefficient must be positive")
+    for name, value in zip(THETA_NAMES, values, strict=True):
+        if value > MAX_THETA:
+            raise UserInputError(
+                f"{source}: key theta.{name}: must be <= {MAX_THETA:g} s, got {value!r}"
+            )
+    if max(values) < MIN_LARGEST_THETA:
+        raise UserInputError(
+            f"{source}: key theta: every coefficient is below {MIN_LARGEST_THETA:g} s "
+            "(the model would predict an infinite throughput)"
+        )
     gamma = 1.0
     if GAMMA_NAME in keys:
         gamma = _number(root[GAMMA_NAME], source, GAMMA_NAME)
-        if gamma <= 0:
-            raise UserInputError(f"{source}: key {GAMMA_NAME}: must be > 0, got {gamma!r}")
+        if not 0 < gamma <= MAX_GAMMA:
+            raise UserInputError(
+                f"{source}: key {GAMMA_NAME}: must be > 0 and <= {MAX_GAMMA:g}, got {gamma!r}"
+            )
     overlap = OVERLAP_NAME in keys and _flag(root[OVERLAP_NAME], source, OVERLAP_NAME)
     pinned = _named_flags(root["pinned"], source, "pinned", names)
     diagnostics = None

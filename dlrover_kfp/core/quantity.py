@@ -30,6 +30,12 @@ _MEMORY_RE = re.compile(
 )
 _CPU_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m)?$")
 MIB = 2**20
+#: Largest amounts accepted. Far beyond any cluster, they keep the arithmetic exact: MiB up to
+#: 2**53 are whole floats (``parse_memory_mb(format_memory(m)) == m``), and so are millicores
+#: up to 10**15; beyond them a float overflows or rounds, and a number from a YAML file can be
+#: any size.
+MAX_MEMORY_MB = 2**53
+MAX_CPU_CORES = 1e12
 
 
 class Mebibytes(int):
@@ -57,17 +63,20 @@ def parse_memory_mb(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a memory quantity (e.g. 8Gi, 512Mi, 16G)")
     if isinstance(value, int | float):
-        number, unit = float(value), 1
+        number, unit = _as_float(value, "memory"), 1
     elif isinstance(value, str):
         match = _MEMORY_RE.match(value.strip())
         if not match:
-            raise ValueError(f"{value!r} is not a memory quantity (e.g. 8Gi, 512Mi, 16G)")
-        number, unit = float(match.group(1)), _MEMORY_SUFFIX[match.group(2) or ""]
+            raise ValueError(f"{_shown(value)} is not a memory quantity (e.g. 8Gi, 512Mi, 16G)")
+        number, unit = _as_float(match.group(1), "memory"), _MEMORY_SUFFIX[match.group(2) or ""]
     else:
-        raise ValueError(f"{value!r} is not a memory quantity (e.g. 8Gi, 512Mi, 16G)")
-    if not math.isfinite(number) or number <= 0:
-        raise ValueError(f"memory must be positive, got {value!r}")
-    return max(1, math.ceil(number * unit / MIB - 1e-9))
+        raise ValueError(f"{_shown(value)} is not a memory quantity (e.g. 8Gi, 512Mi, 16G)")
+    if math.isnan(number) or number <= 0:
+        raise ValueError(f"memory must be positive, got {_shown(value)}")
+    mebibytes = number * unit / MIB
+    if mebibytes > MAX_MEMORY_MB:
+        raise ValueError(f"memory is too large, got {_shown(value)} (at most 2**53 Mi)")
+    return max(1, math.ceil(mebibytes - 1e-9))
 
 
 def parse_cpu(value: object) -> float:
@@ -79,19 +88,40 @@ def parse_cpu(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a CPU quantity (e.g. 4, 0.5, 500m)")
     if isinstance(value, int | float):
-        cores = float(value)
+        cores = _as_float(value, "CPU")
     elif isinstance(value, str):
         match = _CPU_RE.match(value.strip())
         if not match:
-            raise ValueError(f"{value!r} is not a CPU quantity (e.g. 4, 0.5, 500m)")
-        cores = float(match.group(1)) / (1000.0 if match.group(2) else 1.0)
+            raise ValueError(f"{_shown(value)} is not a CPU quantity (e.g. 4, 0.5, 500m)")
+        cores = _as_float(match.group(1), "CPU") / (1000.0 if match.group(2) else 1.0)
     else:
-        raise ValueError(f"{value!r} is not a CPU quantity (e.g. 4, 0.5, 500m)")
-    if not math.isfinite(cores) or cores <= 0:
-        raise ValueError(f"CPU must be positive, got {value!r}")
+        raise ValueError(f"{_shown(value)} is not a CPU quantity (e.g. 4, 0.5, 500m)")
+    if math.isnan(cores) or cores <= 0:
+        raise ValueError(f"CPU must be positive, got {_shown(value)}")
+    if cores > MAX_CPU_CORES:
+        raise ValueError(f"CPU is too large, got {_shown(value)} (at most {MAX_CPU_CORES:g})")
     if cores < 0.001:
-        raise ValueError(f"CPU below one millicore, got {value!r}")
+        raise ValueError(f"CPU below one millicore, got {_shown(value)}")
     return round(cores, 3)
+
+
+def _as_float(value: int | float | str, what: str) -> float:
+    """``float(value)``; an int beyond a float's range is "too large", not an OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{what} is too large, got {_shown(value)}") from None
+
+
+def _shown(value: object) -> str:
+    """The value for a message, cut short: a fuzzed or mistyped one can be megabytes long."""
+    text = repr(value) if not isinstance(value, int) else _int_text(value)
+    return text if len(text) <= 60 else f"{text[:40]}...({len(text)} characters)"
+
+
+def _int_text(value: int) -> str:
+    # repr() of an int past 4300 digits raises ValueError (Python's int/str limit).
+    return repr(value) if value.bit_length() < 4000 else f"<int of {value.bit_length()} bits>"
 
 
 def format_memory(memory_mb: int) -> str:

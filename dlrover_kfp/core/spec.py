@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, Strict, model_validator
 from pydantic.dataclasses import dataclass
 
 from dlrover_kfp.core.footprint import min_ps_memory_mb, min_worker_memory_mb
@@ -18,13 +18,21 @@ from dlrover_kfp.core.types import (
     Cores,
     DnsLabel,
     MemoryQuantity,
-    NonNegInt,
     PosFloat,
-    PosInt,
     Str,
 )
 
 BYTES_PER_FLOAT = 4
+
+#: Largest size or count a spec may give. A YAML integer has no limit, but sizes meet CPU and
+#: memory in float arithmetic (the quota check, the planner), where a number beyond 2**53
+#: rounds and one beyond ~1e308 overflows: the bound turns those into a keyed error.
+MAX_SIZE = 2**53
+
+#: A positive size or count (rows, dimensions, layers, pods, epochs), at most MAX_SIZE.
+Size = Annotated[int, Strict(), Field(ge=1, le=MAX_SIZE)]
+#: A seed: what numpy and torch accept (64 bits).
+Seed = Annotated[int, Strict(), Field(ge=0, le=2**63 - 1)]
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
@@ -35,12 +43,12 @@ class ModelSpec:
     in the pairwise dot-product interaction; the top MLP ends in one logit.
     """
 
-    table_sizes: Annotated[tuple[PosInt, ...], Field(min_length=1)]
+    table_sizes: Annotated[tuple[Size, ...], Field(min_length=1)]
     kind: Literal["dlrm"] = "dlrm"
-    embedding_dim: PosInt = 16
-    dense_features: PosInt = 13
-    bottom_mlp: Annotated[tuple[PosInt, ...], Field(min_length=1)] = (64, 32, 16)
-    top_mlp: Annotated[tuple[PosInt, ...], Field(min_length=1)] = (64, 32, 1)
+    embedding_dim: Size = 16
+    dense_features: Size = 13
+    bottom_mlp: Annotated[tuple[Size, ...], Field(min_length=1)] = (64, 32, 16)
+    top_mlp: Annotated[tuple[Size, ...], Field(min_length=1)] = (64, 32, 1)
 
     @model_validator(mode="after")
     def _shapes_fit(self) -> ModelSpec:
@@ -79,16 +87,16 @@ class CriteoData:
 
     path: Str
     format: Literal["criteo"] = "criteo"
-    rows: PosInt | None = Field(default=None, description="row count if known; helps planning")
+    rows: Size | None = Field(default=None, description="row count if known; helps planning")
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
 class SyntheticData:
     """Criteo-shaped synthetic rows with a planted signal, deterministic per seed."""
 
-    rows: PosInt
+    rows: Size
     format: Literal["synthetic"] = "synthetic"
-    seed: NonNegInt = 0
+    seed: Seed = 0
 
 
 DataSpec = Annotated[CriteoData | SyntheticData, Field(discriminator="format")]
@@ -96,8 +104,8 @@ DataSpec = Annotated[CriteoData | SyntheticData, Field(discriminator="format")]
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
 class TrainingSpec:
-    batch_size: PosInt
-    epochs: PosInt = 1
+    batch_size: Size
+    epochs: Size = 1
     learning_rate: PosFloat = 0.05
 
 
@@ -113,7 +121,7 @@ class Quota:
 class NodeRequest:
     """One role's pods as the user writes them: ``{count: 4, cpu: 4, memory: 8Gi}``."""
 
-    count: PosInt
+    count: Size
     cpu: Cores
     memory: MemoryQuantity
 
@@ -130,10 +138,10 @@ class ResourcesSpec:
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
 class ElasticSpec:
-    min_workers: PosInt = 1
-    max_workers: PosInt = 32
-    min_ps: PosInt = 1
-    max_ps: PosInt = 15
+    min_workers: Size = 1
+    max_workers: Size = 32
+    min_ps: Size = 1
+    max_ps: Size = 15
 
     @model_validator(mode="after")
     def _ordered(self) -> ElasticSpec:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -59,7 +60,7 @@ def parse_url(url: str) -> URL:
     """Parse a history URL; ``postgresql://`` means psycopg 3 (the driver our extra installs)."""
     try:
         parsed = sa.make_url(url)
-    except sa_exc.ArgumentError:
+    except (sa_exc.ArgumentError, ValueError):  # ValueError: a port that is not a number
         raise UserInputError(f"history URL {mask_url_text(url)!r} is not a valid URL") from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
@@ -70,8 +71,9 @@ def mask_url_text(url: str) -> str:
     """Hide the password in a URL given as text, even when SQLAlchemy cannot parse it."""
     try:
         return sa.make_url(url).render_as_string(hide_password=True)
-    except sa_exc.ArgumentError:
-        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    except (sa_exc.ArgumentError, ValueError):
+        # ValueError: an unescaped ":" or "@" in the password made the rest read as a port.
+        return _URL_PASSWORD.sub(r"\1***@", url)
 
 
 def is_sqlite(url: URL) -> bool:
@@ -192,9 +194,7 @@ def translated_errors(where: str, secret: str | None = None) -> Iterator[None]:
 def classify_error(exc: sa_exc.DBAPIError, where: str, secret: str | None) -> DlroverKfpError:
     """The package error that says what a driver error means for the caller."""
     orig = exc.orig
-    text = _first_line(str(orig) if orig is not None else str(exc))
-    if secret:
-        text = text.replace(secret, "***")
+    text = mask_password(_first_line(str(orig) if orig is not None else str(exc)), secret)
     if isinstance(orig, sqlite3.Error):
         return _classify_sqlite(orig, text, where)
     state = getattr(orig, "sqlstate", None)
@@ -207,9 +207,19 @@ def classify_error(exc: sa_exc.DBAPIError, where: str, secret: str | None) -> Dl
             return HistoryUnavailableError(f"{where}: {text}")
         if state in ("42P01", "42703"):
             return HistoryCorruptError(f"{where}: the history schema is damaged: {text}")
+    if _REFUSED_LOGIN.search(text):
+        # psycopg 3 raises a failed connection's login refusal with no SQLSTATE: a wrong
+        # password is the user's to fix, not a transient error to retry.
+        return UserInputError(f"{where}: the server refused the login: {text}")
     if isinstance(exc, sa_exc.OperationalError) or exc.connection_invalidated:
         return HistoryUnavailableError(f"{where}: cannot reach the history database: {text}")
     return HistoryCorruptError(f"{where}: database error: {text}")
+
+
+#: How PostgreSQL words a refused login (FATAL 28P01 / 28000), as the driver quotes it.
+_REFUSED_LOGIN = re.compile(
+    r"password authentication failed|no pg_hba\.conf entry|role \"[^\"]*\" does not exist"
+)
 
 
 def _classify_sqlite(orig: sqlite3.Error, text: str, where: str) -> DlroverKfpError:
@@ -224,6 +234,36 @@ def _classify_sqlite(orig: sqlite3.Error, text: str, where: str) -> DlroverKfpEr
     if "no such table" in text or "no such column" in text:
         return HistoryCorruptError(f"{where}: the history schema is damaged ({text})")
     return HistoryCorruptError(f"{where}: database error ({text})")
+
+
+#: ``password=...`` of a libpq connection string, its value bare or single-quoted.
+_CONNINFO_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
+#: The password of a URL's ``user:password@`` (up to the last ``@`` of the URL, since a raw
+#: password may hold one).
+_URL_PASSWORD = re.compile(r"(://[^\s:/@]*:)\S*@")
+
+
+def mask_password(text: str, secret: str | None) -> str:
+    """``text`` (a driver's message) with the store's password hidden.
+
+    Whatever a URL's ``user:...@`` or a connection string's ``password=`` holds is hidden
+    whatever it is. Elsewhere the password (as given, or percent-encoded as a URL carries it)
+    is hidden where it stands as a whole token, not inside a longer word: a plain substring
+    replace turns every ``p`` of "port" into ``***`` when the password is "p", which mangles
+    the message and, by showing where the letters were, tells the password.
+    """
+    text = _URL_PASSWORD.sub(r"\1***@", text)
+    text = _CONNINFO_PASSWORD.sub(r"\1***", text)
+    if not secret:
+        return text
+    forms = {secret, quote(secret, safe=""), quote_plus(secret)}
+    for form in sorted(forms, key=len, reverse=True):
+        # A boundary only where the password's own edge is a word character: "p" must not
+        # match inside "port", while "/pw" has no word edge on its left to respect.
+        before = r"(?<!\w)" if re.match(r"\w", form[0]) else ""
+        after = r"(?!\w)" if re.match(r"\w", form[-1]) else ""
+        text = re.sub(before + re.escape(form) + after, "***", text)
+    return text
 
 
 def _first_line(text: str) -> str:

@@ -652,8 +652,7 @@ class StaticRun:
             self._stopping.add(pod.name)
             self.backend.delete(pod.name)
             detail = (
-                f"still running {idle_s:.0f}s after every shard was done (frozen or stuck): "
-                "stopped"
+                f"still running {idle_s:.0f}s after every shard was done (frozen or stuck): stopped"
             )
             self.events.append(
                 JobEvent(time=round(t, 3), kind="straggler", node=pod.name, detail=detail)

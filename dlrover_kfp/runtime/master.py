@@ -29,6 +29,7 @@ registered and then names them.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -56,10 +57,53 @@ __all__ = [
 ]
 
 
+_INT64 = 2**63
+
+
+def _int(meta: dict[str, Any], key: str, kind: str, default: int | None = None) -> int:
+    """``meta[key]`` as an integer, or a ValueError naming the request and the key.
+
+    Requests come off the network: a key may be missing or hold any JSON value, and the
+    message of a bare ``int(meta[key])`` (``KeyError: 'shard'``) does not say which request.
+    """
+    value = meta.get(key, default)
+    if value is None:
+        raise ValueError(f"{kind}: meta key {key!r} is missing")
+    if isinstance(value, bool) or not isinstance(value, int) or not -_INT64 <= value < _INT64:
+        raise ValueError(f"{kind}: meta key {key!r} must be a 64-bit integer, got {value!r:.60}")
+    return value
+
+
+def _number(meta: dict[str, Any], key: str, kind: str, *, finite: bool = True) -> float:
+    """``meta[key]`` as a number; with ``finite``, a finite one >= 0 (a NaN CPU reading would
+    poison every rate computed from it)."""
+    value = meta.get(key)
+    if value is None:
+        raise ValueError(f"{kind}: meta key {key!r} is missing")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{kind}: meta key {key!r} must be a number, got {value!r:.60}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{kind}: meta key {key!r} is too large") from None
+    if finite and (not math.isfinite(number) or number < 0):
+        raise ValueError(f"{kind}: meta key {key!r} must be finite and >= 0, got {value!r:.60}")
+    return number
+
+
+def _name(meta: dict[str, Any], key: str, kind: str) -> str:
+    value = meta.get(key)
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise ValueError(f"{kind}: meta key {key!r} must be a name (1..256 characters)")
+    return value
+
+
 def lease_holder(meta: dict[str, Any]) -> str:
     """Who holds a lease: the worker's name and, when it sent one, its incarnation token."""
-    worker = str(meta["worker"])
+    worker = _name(meta, "worker", "request")
     incarnation = meta.get("incarnation")
+    if incarnation is not None and not isinstance(incarnation, str | int):
+        raise ValueError(f"meta key 'incarnation' must be a token, got {incarnation!r:.60}")
     return worker if incarnation is None else f"{worker}#{incarnation}"
 
 
@@ -207,10 +251,21 @@ class MasterService:
         return switch.generation if switch is not None and switch.pausing else None
 
     def _register(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
-        index = int(meta["index"])
-        generation = int(meta.get("generation", 0))
-        host, port = meta["address"]
-        address = (str(host), int(port))
+        index = _int(meta, "index", REGISTER)
+        generation = _int(meta, "generation", REGISTER, default=0)
+        where = meta.get("address")
+        if (
+            not isinstance(where, list | tuple)
+            or len(where) != 2
+            or not isinstance(where[0], str)
+            or isinstance(where[1], bool)
+            or not isinstance(where[1], int)
+            or not 0 < where[1] < 65536
+        ):
+            raise ValueError(
+                f"{REGISTER}: meta key 'address' must be [host, port], got {where!r:.80}"
+            )
+        address = (where[0], where[1])
         with self.state.lock:
             switch = self.state.switch
             if switch is not None and generation == switch.generation:
@@ -227,12 +282,12 @@ class MasterService:
 
     def _config(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
         role = meta.get("role")
-        generation = int(meta.get("generation", 0))
+        generation = _int(meta, "generation", CONFIG, default=0)
+        index = _int(meta, "index", CONFIG, default=0)
         with self.state.lock:
             state = self.state
             switch = state.switch
             if role == "ps" and switch is not None and generation == switch.generation:
-                index = int(meta["index"])
                 if index not in switch.replaced:
                     raise ValueError(f"PS {index} is not replaced in generation {generation}")
                 switch.standby.add(index)
@@ -242,20 +297,22 @@ class MasterService:
             if role == "worker":
                 if not state.all_ps_registered or self._pausing() is not None:
                     return Message("config", {"wait": True}, ())
-                state.configured[f"worker-{int(meta['index'])}"] = state.generation
+                state.configured[f"worker-{index}"] = state.generation
             addresses = [list(state.ps_addresses[k]) for k in sorted(state.ps_addresses)]
             config = {**state.job_config, "ps": addresses, "generation": state.generation}
         return Message("config", config, ())
 
     def _ready(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
+        generation = _int(meta, "generation", READY)
+        worker = _name(meta, "worker", READY)
         with self.state.lock:
             switch = self.state.switch
-            if switch is not None and int(meta["generation"]) == switch.generation:
-                switch.ready.add(str(meta["worker"]))
+            if switch is not None and generation == switch.generation:
+                switch.ready.add(worker)
         return Message("ok", {}, ())
 
     def _get_shard(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
-        worker = str(meta["worker"])
+        worker = _name(meta, "worker", GET_SHARD)
         holder = lease_holder(meta)
         peer.state["leases_for"] = holder
         with self.state.lock:
@@ -278,18 +335,26 @@ class MasterService:
         return Message("shard", {"shard": body, "finished": False}, ())
 
     def _report(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
-        worker = str(meta["worker"])
+        # Every key is checked before anything changes: a bad report changes nothing.
+        worker = _name(meta, "worker", REPORT)
+        holder = lease_holder(meta)
+        shard, epoch = _int(meta, "shard", REPORT), _int(meta, "epoch", REPORT)
+        counts = {}
+        for key in ("samples", "steps", "bad_rows"):
+            counts[key] = _int(meta, key, REPORT, default=0 if key == "bad_rows" else None)
+            if counts[key] < 0:
+                raise ValueError(f"{REPORT}: meta key {key!r} must be >= 0, got {counts[key]}")
+        # Any float: a diverging run's NaN loss is news for its report, not a bad request.
+        loss_sum = _number(meta, "loss_sum", REPORT, finite=False)
         with self.state.lock:
-            accepted = self.state.ledger.complete(
-                lease_holder(meta), int(meta["shard"]), int(meta["epoch"])
-            )
+            accepted = self.state.ledger.complete(holder, shard, epoch)
             stats = self.state.workers.setdefault(worker, WorkerStats())
             # Samples trained count even when the shard is not accepted (its lease expired):
             # the work was done and the PS were updated; only the shard is handed out again.
-            stats.samples += int(meta["samples"])
-            stats.steps += int(meta["steps"])
-            stats.loss_sum += float(meta["loss_sum"])
-            stats.bad_rows += int(meta.get("bad_rows", 0))
+            stats.samples += counts["samples"]
+            stats.steps += counts["steps"]
+            stats.loss_sum += loss_sum
+            stats.bad_rows += counts["bad_rows"]
             stats.last_report = now = self.clock()
             if self.state.last_report_at is not None:
                 gap = now - self.state.last_report_at
@@ -302,8 +367,13 @@ class MasterService:
         return Message("ok", reply, ())
 
     def _usage(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
-        key = (str(meta["role"]), int(meta["index"]), int(meta.get("generation", 0)))
-        reading = (self.clock(), float(meta["cpu_seconds"]), float(meta["rss_mb"]))
+        key = (
+            _name(meta, "role", USAGE),
+            _int(meta, "index", USAGE),
+            _int(meta, "generation", USAGE, default=0),
+        )
+        cpu, rss = _number(meta, "cpu_seconds", USAGE), _number(meta, "rss_mb", USAGE)
+        reading = (self.clock(), cpu, rss)
         with self.state.lock:
             readings = self.state.usage.setdefault(key, [])
             if readings and reading[1] < readings[-1][1]:

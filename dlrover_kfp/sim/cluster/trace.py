@@ -44,6 +44,7 @@ Manual CPU utilisation 0.20 / 0.22 / 0.25.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -110,7 +111,9 @@ class TraceJob:
 
     id: JobId
     scenario: Str = Field(min_length=1)
-    arrival_s: NonNegFloat = Field(description="seconds since the trace starts")
+    arrival_s: NonNegFloat = Field(
+        description="seconds since the trace starts", allow_inf_nan=False
+    )
     spec: JobSpec
     truth: JobTruth
 
@@ -122,6 +125,12 @@ class TraceJob:
                 raise ValueError(f"spec.resources.{key}: required in a trace job (got nothing)")
         if self.spec.dataset_rows is None:
             raise ValueError("spec.data.rows: required in a trace job (got nothing)")
+        for part in (self.truth.throughput, self.truth.memory):
+            for item in dataclasses.fields(part):
+                value = getattr(part, item.name)
+                if isinstance(value, float) and not math.isfinite(value):
+                    # Python's JSON reads Infinity and NaN; the simulator's arithmetic cannot.
+                    raise ValueError(f"truth.{item.name}: must be a finite number, got {value}")
         if self.spec.scenario != self.scenario:
             raise ValueError(
                 f"spec.scenario: {self.spec.scenario!r} differs from scenario {self.scenario!r}"

@@ -15,12 +15,14 @@ File format (the same bytes in shared memory and on disk)::
 
 from __future__ import annotations
 
+import json
 import math
 import mmap
 import os
+import re
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -116,6 +118,10 @@ class ArraySpec:
         return cls(name, np.dtype(array.dtype).str, tuple(int(n) for n in array.shape))
 
 
+#: The dtypes a part may hold, as numpy writes them (``dtype.str``): numbers and booleans.
+_NUMERIC_DTYPE = re.compile(r"[<>|=]?(?:[fiu][1248]|b1|f16)")
+
+
 @dataclass(frozen=True, slots=True)
 class ArrayDesc:
     """An array's place in a part file: its spec plus the byte offset of its first element."""
@@ -144,12 +150,21 @@ class ArrayDesc:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> ArrayDesc:
+        dtype_text = str(raw["dtype"])
+        if not _NUMERIC_DTYPE.fullmatch(dtype_text):
+            # Checked before numpy sees it: np.dtype parses "," and "(...)" strings with
+            # ast.literal_eval, which raises SyntaxError, and accepts object dtypes.
+            raise ValueError(f"array dtype {dtype_text[:40]!r} is not a numeric dtype")
         desc = cls(
             str(raw["name"]),
-            np.dtype(str(raw["dtype"])).str,
+            np.dtype(dtype_text).str,
             tuple(int(n) for n in raw["shape"]),
             int(raw["offset"]),
         )
+        dtype = np.dtype(desc.dtype)
+        if dtype.kind not in "fiub" or dtype.hasobject or dtype.itemsize == 0:
+            # Only numbers are ever saved; an object dtype would read pointers from the file.
+            raise ValueError(f"array {desc.name!r}: dtype {desc.dtype!r} is not numeric")
         if any(n < 0 for n in desc.shape) or desc.offset < 0:
             raise ValueError(f"array {desc.name!r}: negative shape or offset")
         if "nbytes" in raw and int(raw["nbytes"]) != desc.nbytes:
@@ -304,3 +319,80 @@ class _Header:
     def verified_crc(self) -> int | None:
         """The payload crc32 if the persister computed it for this very snapshot."""
         return self.crc32 if self.seq and self.crc_seq == self.seq else None
+
+
+# --------------------------------------------------------------------------------------------
+# Manifest
+# --------------------------------------------------------------------------------------------
+
+_MANIFEST_INTS = ("version", "step", "num_ps", "total_rows", "dim")
+_PART_INTS = ("bytes", "crc32", "seq")
+
+
+def parse_manifest(raw: bytes, source: object) -> dict[str, Any]:
+    """A committed checkpoint's ``manifest.json``, checked field by field.
+
+    Everything in it is untrusted (a disk, a hand edit, a half-written copy): the result has
+    the keys the restore reads with the types it expects, or the manifest is a
+    :class:`CheckpointCorruptError` naming ``source`` and the field. Integers must be JSON
+    integers (not floats, not booleans) within 64 bits; part files plain names.
+    """
+
+    def bad(problem: str) -> CheckpointCorruptError:
+        return CheckpointCorruptError(f"{source}: unreadable manifest: {problem}")
+
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise bad("nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, bad UTF-8, an integer of > 4300 digits
+        raise bad(str(exc).split(";", 1)[0]) from None
+    if not isinstance(data, dict):
+        raise bad(f"expected an object, got {type(data).__name__}")
+    if data.get("format") != MANIFEST_FORMAT:
+        raise bad(f"format is not {MANIFEST_FORMAT!r}")
+    for key in _MANIFEST_INTS:
+        _check_int(data, key, bad)
+    if data["version"] != FORMAT_VERSION:
+        raise bad(f"version {data['version']}, this code reads {FORMAT_VERSION}")
+    if not isinstance(data.get("job_id"), str) or not data["job_id"]:
+        raise bad("job_id: expected a non-empty string")
+    sizes = data.get("table_sizes", [])
+    if not isinstance(sizes, list) or not all(_is_int(n) and n >= 0 for n in sizes):
+        raise bad("table_sizes: expected a list of integers")
+    extra = data.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise bad("extra: expected an object")
+    parts = data.get("parts")
+    if not isinstance(parts, list):
+        raise bad("parts: expected a list")
+    for index, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise bad(f"parts[{index}]: expected an object")
+        for key in _PART_INTS:
+            _check_int(part, key, bad, f"parts[{index}].")
+        name = part.get("file")
+        if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
+            raise bad(f"parts[{index}].file: not a plain file name")
+        meta = part.get("meta")
+        if not isinstance(meta, dict) or not _is_int(meta.get("ps_index")):
+            raise bad(f"parts[{index}].meta.ps_index: expected an integer")
+    if len(parts) != data["num_ps"]:
+        raise bad(f"{len(parts)} parts for {data['num_ps']} PS")
+    return data
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**64
+
+
+def _check_int(
+    data: Mapping[str, Any],
+    key: str,
+    bad: Callable[[str], CheckpointCorruptError],
+    prefix: str = "",
+) -> None:
+    if key not in data:
+        raise bad(f"{prefix}{key}: missing")
+    if not _is_int(data[key]) or data[key] < 0:
+        raise bad(f"{prefix}{key}: expected an integer >= 0 of at most 64 bits")

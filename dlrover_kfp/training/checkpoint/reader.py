@@ -106,13 +106,21 @@ class _PartFile:
             if desc.get("format") != PART_FORMAT:
                 raise ValueError("not a part descriptor")
             self.meta = PartMeta.from_dict(desc["meta"])
-            self.arrays = {a.name: a for a in (ArrayDesc.from_dict(x) for x in desc["arrays"])}
+            listed = [ArrayDesc.from_dict(x) for x in desc["arrays"]]
+            self.arrays = {a.name: a for a in listed}
+            if len(self.arrays) != len(listed):
+                raise ValueError("an array name appears twice")
             self.extra: dict[str, Any] = dict(desc.get("extra") or {})
             self.generation = int(desc.get("generation", 0))
             if int(desc["step"]) != header.step or int(desc["seq"]) != header.seq:
                 raise ValueError("descriptor and header disagree on step/seq")
         except (ValueError, KeyError, TypeError, UserInputError) as exc:
             raise CheckpointCorruptError(f"{path}: bad descriptor: {exc}") from None
+        except (AttributeError, OverflowError, RecursionError) as exc:
+            # The descriptor is not an object, a number is infinite, or nested too deeply.
+            raise CheckpointCorruptError(
+                f"{path}: bad descriptor: {type(exc).__name__}: {exc}"
+            ) from None
         pos = DATA_START
         for a in sorted(self.arrays.values(), key=lambda a: a.offset):
             if a.offset < pos or a.offset + a.nbytes > json_at:
