@@ -154,7 +154,7 @@ data: {{format: synthetic, rows: {rows}, seed: 11}}
 training: {{batch_size: 512, learning_rate: 0.05}}
 resources:
   limits: {{cpu: 2, memory: 16Gi}}
-  workers: {{count: 2, cpu: 0.5, memory: 1536Mi}}
+  workers: {{count: 2, cpu: 0.5, memory: 1Gi}}
   ps: {{count: 2, cpu: 0.5, memory: 1536Mi}}
 """
     return parse(JobSpec, load_text(text, "chaos"), "chaos")
@@ -352,6 +352,7 @@ class ChaosOutcome:
 
     seed: int
     injected: list[Injected]
+    skipped: list[str]
     expected_samples: int
     samples: int
     rows_done: int
@@ -467,6 +468,7 @@ def run_chaos(
     outcome = ChaosOutcome(
         seed=seed,
         injected=injector.injected,
+        skipped=injector.skipped,
         expected_samples=trained_rows(spec, SETTINGS),
         samples=profile.outcome.samples_processed,
         rows_done=rows_done,

@@ -116,6 +116,7 @@ def test_faults_on_kubernetes_lose_nothing(
     outcome = ChaosOutcome(
         seed=seed,
         injected=injector.injected,
+        skipped=injector.skipped,
         expected_samples=trained_rows(spec, SETTINGS),
         samples=profile.outcome.samples_processed,
         rows_done=rows_done,

@@ -51,7 +51,7 @@ def test_pod_faults_lose_nothing(seed: int, tmp_path: Path, reference_loss: floa
     schedule = draw_schedule(seed, POD_FAULTS, 4, workers=2, ps=2)
     result, outcome = run_chaos(seed, tmp_path, schedule, rows=ROWS)
     assert result.succeeded, (result.profile.outcome.reason, result.profile.events)
-    assert len(outcome.injected) == len(schedule), outcome.injected
+    assert len(outcome.injected) == len(schedule), (outcome.injected, outcome.skipped)
     check(outcome, reference_loss)
 
 

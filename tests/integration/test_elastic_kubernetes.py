@@ -99,6 +99,9 @@ def _training(run: ElasticRun, deadline: float) -> None:
     raise AssertionError("the job never trained")
 
 
+# 16-36 s: the chaos suite (tests/chaos) runs these faults on this backend with the same checks;
+# kept opt-in to hold the default suite under 10 minutes.
+@pytest.mark.long
 def test_scale_up_ps_move_worker_sigkill_and_eviction_on_kubernetes(
     tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet]
 ) -> None:
