@@ -366,7 +366,7 @@ def test_manifest_parser_refuses_non_objects() -> None:
     raises=AttributeError,
     reason="restore._disk_choice calls raw.get() on any JSON value and lets AttributeError, "
     "OverflowError and RecursionError escape select_checkpoint; format.parse_manifest checks "
-    "a manifest fully and restore.py should use it (restore.py is not owned by this change)",
+    "a manifest fully and restore.py should use it (a known defect, not yet fixed)",
 )
 def test_restore_refuses_a_manifest_that_is_not_an_object(
     committed: Committed, tmp_path: Path
