@@ -461,15 +461,22 @@ def run_chaos(
     thread.join(timeout=10) if schedule else None
     if injector.error is not None:
         raise injector.error
+    outcome = measure(seed, injector, run, result)
+    return result, outcome
+
+
+def measure(seed: int, injector: Injector, run: ElasticRun, result: RunResult) -> ChaosOutcome:
+    """What a finished chaos run measured: its profile's counts and events, its ledger's rows
+    done, against the rows the data itself says should be trained."""
     profile: JobProfile = result.profile
     with run.state.lock:
         ledger = run.state.ledger
         rows_done, total_rows = ledger.rows_done, ledger.total_rows
-    outcome = ChaosOutcome(
+    return ChaosOutcome(
         seed=seed,
         injected=injector.injected,
         skipped=injector.skipped,
-        expected_samples=trained_rows(spec, SETTINGS),
+        expected_samples=trained_rows(run.spec, SETTINGS),
         samples=profile.outcome.samples_processed,
         rows_done=rows_done,
         total_rows=total_rows,
@@ -477,7 +484,6 @@ def run_chaos(
         events=profile.events,
         unexplained=explained(injector.injected, profile.events),
     )
-    return result, outcome
 
 
 # ------------------------------------------------------------------------------ full disk

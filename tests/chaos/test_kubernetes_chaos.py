@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,14 +19,12 @@ from tests.chaos.harness import (
     PLANNER,
     ROWS,
     SETTINGS,
-    ChaosOutcome,
     Fault,
     Injector,
     chaos_spec,
     check,
     draw_schedule,
-    explained,
-    trained_rows,
+    measure,
 )
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.fakes.kubelet import FakeKubelet
@@ -55,8 +54,8 @@ class _KubeletPods:
     def pid_of(self, name: str) -> int | None:
         return self.kubelet.pid_of(name)
 
-    def exec_in(self, name: str, argv: object) -> object:
-        raise NotImplementedError("memory faults run on the local backend")
+    def exec_in(self, name: str, argv: Sequence[str]) -> object:
+        return self.kubelet.exec_in(name, argv)
 
     def evict(self, name: str) -> None:
         self.kubelet.evict(name)
@@ -111,18 +110,5 @@ def test_faults_on_kubernetes_lose_nothing(
     profile = result.profile
     assert result.succeeded, (profile.outcome.reason, profile.events)
     assert len(injector.injected) == len(schedule), (injector.injected, injector.skipped)
-    with run.state.lock:
-        rows_done, total_rows = run.state.ledger.rows_done, run.state.ledger.total_rows
-    outcome = ChaosOutcome(
-        seed=seed,
-        injected=injector.injected,
-        skipped=injector.skipped,
-        expected_samples=trained_rows(spec, SETTINGS),
-        samples=profile.outcome.samples_processed,
-        rows_done=rows_done,
-        total_rows=total_rows,
-        loss=profile.metrics.loss,
-        events=profile.events,
-        unexplained=explained(injector.injected, profile.events),
-    )
+    outcome = measure(seed, injector, run, result)
     check(outcome, reference_loss)

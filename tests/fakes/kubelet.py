@@ -38,11 +38,12 @@ import http.client
 import json
 import math
 import re
+import subprocess
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -336,6 +337,15 @@ class FakeKubelet:
     def pid_of(self, name: str, namespace: str = "default") -> int | None:
         pod = self._find(name, namespace)
         return self.backend.pid_of(pod.local_name) if pod and pod.local_name else None
+
+    def exec_in(
+        self, name: str, argv: Sequence[str], namespace: str = "default"
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in a running pod's limits, as ``kubectl exec`` does."""
+        pod = self._find(name, namespace)
+        if pod is None or not pod.local_name:
+            raise AssertionError(f"pod {namespace}/{name} is not running here")
+        return self.backend.exec_in(pod.local_name, argv)
 
     def evict(
         self,

@@ -113,7 +113,7 @@ def _parsable(part: bytes) -> bool:
     """Whether the part's header and descriptor still read (so that they can be edited)."""
     try:
         descriptor(part)
-    except Exception:
+    except (CheckpointError, ValueError, RecursionError):  # a bad header; JSON that won't read
         return False
     return True
 
