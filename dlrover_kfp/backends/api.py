@@ -183,7 +183,9 @@ class PodUsage:
     call that reported this pod (since its start for the first), so one caller should own the
     sampling. A backend may leave a pod out of a call whose window would be too short to
     average its CPU limit over (the local backend: under 0.5 s) and report it next time.
-    ``memory_mb`` is resident memory in MiB, child processes included.
+    ``memory_mb`` is resident memory in MiB, child processes included. ``cpu_throttled`` is the
+    share of the window's CFS periods in which the pod had run its whole CPU quota and waited
+    (:func:`dlrover_kfp.backends.cgroups.throttled_share`), None where the backend cannot see it.
     """
 
     name: str
@@ -193,6 +195,7 @@ class PodUsage:
     memory_mb: float
     cpu_requested: float
     memory_requested_mb: int
+    cpu_throttled: float | None = None
 
 
 class ClusterBackend(Protocol):

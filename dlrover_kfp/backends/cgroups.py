@@ -72,13 +72,33 @@ def cpu_quota_us(cpu: float, period_us: int = CFS_PERIOD_US) -> int:
     return max(_MIN_QUOTA_US, round(cpu * period_us))
 
 
+def throttled_share(periods: int, wall_s: float, period_us: int = CFS_PERIOD_US) -> float:
+    """The share of a window's CFS periods in which a group was throttled:
+
+        share = Δnr_throttled · P / wall        (clamped to [0, 1])
+
+    per period of *wall* time, not per period the group was runnable (cAdvisor's ratio), so
+    that a group throttled in a share ``s`` of the window has run at least ``s · quota`` cores
+    on average: each throttled period used the whole quota. ``used / s`` then bounds the
+    quota from above, whatever the pod requested (see the starved-PS rule of Stage 3)."""
+    if wall_s <= 0 or periods <= 0:
+        return 0.0
+    return min(1.0, periods * period_us / 1e6 / wall_s)
+
+
 @dataclass(frozen=True, slots=True)
 class GroupUsage:
     """What a pod's group has used. ``cpu_seconds`` is cumulative since the group was created;
-    ``memory_bytes`` is resident memory now (None where no memory group exists)."""
+    ``memory_bytes`` is resident memory now (None where no memory group exists).
+
+    ``throttled_periods`` counts the CFS periods, since the group was created, at whose end the
+    group had run its whole quota and waited for the next (``cpu.stat`` ``nr_throttled``, the
+    counter behind cAdvisor's ``container_cpu_cfs_throttled_periods_total``); None where the
+    kernel does not report it."""
 
     cpu_seconds: float
     memory_bytes: int | None
+    throttled_periods: int | None = None
 
 
 class PodGroup(Protocol):
@@ -192,9 +212,13 @@ class _V2Group:
         return True
 
     def usage(self) -> GroupUsage:
-        cpu_us = _read_keyed(self.path / "cpu.stat").get("usage_usec", 0)
+        cpu = _read_keyed(self.path / "cpu.stat")
         stat = _read_keyed(self.path / "memory.stat")
-        return GroupUsage(cpu_us / 1e6, stat.get("anon", 0) + stat.get("shmem", 0))
+        return GroupUsage(
+            cpu.get("usage_usec", 0) / 1e6,
+            stat.get("anon", 0) + stat.get("shmem", 0),
+            cpu.get("nr_throttled"),
+        )
 
     def oom_kills(self) -> int:
         return _read_keyed(self.path / "memory.events").get("oom_kill", 0)
@@ -285,7 +309,10 @@ class _V1Group:
         if self.memory is not None:
             stat = _read_keyed(self.memory / "memory.stat")
             memory = stat.get("total_rss", 0) + stat.get("total_shmem", 0)
-        return GroupUsage(cpu_ns / 1e9, memory)
+        throttled = None
+        with contextlib.suppress(OSError, ValueError):  # a kernel without CFS bandwidth stats
+            throttled = _read_keyed(self.cpu / "cpu.stat").get("nr_throttled")
+        return GroupUsage(cpu_ns / 1e9, memory, throttled)
 
     def oom_kills(self) -> int:
         if self.memory is None:
@@ -491,5 +518,6 @@ __all__ = [
     "cpu_quota_us",
     "detect",
     "quota_cores",
+    "throttled_share",
     "wrap_command",
 ]

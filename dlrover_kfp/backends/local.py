@@ -92,6 +92,7 @@ class _Pod:
     handle: psutil.Process | None  # while running
     started_at: float | None
     cpu_mark: tuple[float, float] = (0.0, 0.0)  # (CPU seconds, monotonic time) at last usage()
+    throttled_mark: int = 0  # CFS periods throttled (the group's nr_throttled) at last usage()
     group: cg.PodGroup | None = None  # the pod's cgroup(s), while not yet removed
     returncode: int | None = None
     finished_at: float | None = None
@@ -326,7 +327,7 @@ class LocalBackend:
             sample = _sample(pod)
             if sample is None:
                 continue
-            cpu_s, rss = sample
+            cpu_s, rss, throttled = sample
             now = time.monotonic()
             with self._lock:
                 if not pod.running:
@@ -335,6 +336,9 @@ class LocalBackend:
                 if now - last_t < MIN_USAGE_WINDOW_S:
                     continue  # too short to average a CFS quota over; the next call reports it
                 pod.cpu_mark = (max(cpu_s, last_cpu), now)
+                last_throttled = pod.throttled_mark
+                if throttled is not None:
+                    pod.throttled_mark = max(throttled, last_throttled)
             wall = now - last_t
             # CPU time of a child that exits without being waited for is lost from the sum;
             # clamp instead of reporting negative use.
@@ -349,6 +353,11 @@ class LocalBackend:
                     memory_mb=rss / _MIB,
                     cpu_requested=spec.cpu,
                     memory_requested_mb=spec.memory_mb,
+                    cpu_throttled=(
+                        None
+                        if throttled is None
+                        else round(cg.throttled_share(throttled - last_throttled, wall), 3)
+                    ),
                 )
             )
         return result
@@ -599,12 +608,14 @@ def _oom_kills(group: cg.PodGroup) -> int:
         return 0
 
 
-def _sample(pod: _Pod) -> tuple[float, int] | None:
-    """(CPU seconds, resident bytes) of the pod, or None if its main process is gone.
+def _sample(pod: _Pod) -> tuple[float, int, int | None] | None:
+    """(CPU seconds, resident bytes, CFS periods throttled) of the pod, or None if its main
+    process is gone.
 
     From the pod's cgroup when it has one (every thread and process that ever ran in it);
     otherwise from the main process and its live descendants, whose CPU counts only while they
-    live (plus what the process collected from the children it waited for)."""
+    live (plus what the process collected from the children it waited for), and nothing throttles
+    them."""
     main = pod.handle
     if main is None:
         return None
@@ -616,9 +627,9 @@ def _sample(pod: _Pod) -> tuple[float, int] | None:
             pass
         else:
             if used.memory_bytes is not None:
-                return used.cpu_seconds, used.memory_bytes
+                return used.cpu_seconds, used.memory_bytes, used.throttled_periods
             with contextlib.suppress(psutil.Error):
-                return used.cpu_seconds, int(main.memory_info().rss)
+                return used.cpu_seconds, int(main.memory_info().rss), used.throttled_periods
             return None
     try:
         t = main.cpu_times()
@@ -640,4 +651,4 @@ def _sample(pod: _Pod) -> tuple[float, int] | None:
             continue
         live[kid.pid] = proc
     pod.children = live
-    return cpu, rss
+    return cpu, rss, None

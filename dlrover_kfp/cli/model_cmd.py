@@ -155,13 +155,26 @@ def _cpu(text: str) -> float:
 
 
 def load_model(path: str) -> PerfModel:
-    """Read a model file written by ``model fit``; errors name the file and the key."""
+    """Read a model file written by ``model fit``; errors name the file and the key.
+
+    Any content is a model or a :class:`UserInputError` naming the file: besides malformed
+    JSON, an integer of more digits than ``int()`` takes (4300; ``json`` raises a plain
+    ``ValueError``) and nesting deeper than the interpreter's recursion limit.
+    """
     text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UserInputError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
-    return model_from_dict(data, path)
+    except ValueError as exc:
+        problem = str(exc).split(";", 1)[0]  # drop the hint about sys.set_int_max_str_digits
+        raise UserInputError(f"{path}: not JSON: unreadable value: {problem}") from None
+    except RecursionError:
+        raise UserInputError(f"{path}: not JSON: nested too deeply") from None
+    try:
+        return model_from_dict(data, path)
+    except RecursionError:  # a document just under the limit, read from a deeper stack
+        raise UserInputError(f"{path}: model file nested too deeply") from None
 
 
 def _form_text(model: PerfModel) -> str:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, Strict
 from pydantic.dataclasses import dataclass
 
-from dlrover_kfp.core.types import CONTRACT_CONFIG, CoresValue, MemoryMb, NonNegInt, Str
+from dlrover_kfp.core.types import CONTRACT_CONFIG, CoresValue, MemoryMb, NonNegFloat, Str
 
 
 class Stage(StrEnum):
@@ -27,11 +27,20 @@ class Stage(StrEnum):
     MANUAL = "manual"
 
 
+#: Most pods in a group: what a spec may ask for (``spec.MAX_SIZE``, which imports this
+#: module), so that ``count * cpu`` stays exact and finite in float arithmetic.
+MAX_PODS = 2**53
+
+
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
 class NodeGroup:
-    """A role's pods: how many, and the CPU (cores) and memory (MiB) of each."""
+    """A role's pods: how many, and the CPU (cores) and memory (MiB) of each.
 
-    count: NonNegInt
+    Every number is finite and bounded (a plan arrives as JSON, where Python reads
+    ``Infinity`` and ``NaN``): an error names the field.
+    """
+
+    count: Annotated[int, Strict(), Field(ge=0, le=MAX_PODS)]
     cpu: CoresValue
     memory_mb: MemoryMb
 
@@ -70,7 +79,7 @@ class ResourcePlan:
     ps: NodeGroup
     stage: Stage
     reason: Str
-    predicted_throughput: float | None = Field(default=None, description="samples/s")
+    predicted_throughput: NonNegFloat | None = Field(default=None, description="samples/s")
     similar_jobs: tuple[Str, ...] = Field(default=(), description="history ids used by warm start")
     actions: tuple[NodeAction, ...] = ()
 

@@ -88,6 +88,14 @@ class NodeSample:
     throughput: NonNegFloat | None = Field(
         default=None, description="samples/s this worker processed (workers only)"
     )
+    cpu_throttled: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        strict=True,
+        description="share of the sample's CFS periods (of wall time) in which the pod had run "
+        "its whole CPU quota and waited for the next; absent where the backend cannot see it",
+    )
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)

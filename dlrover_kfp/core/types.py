@@ -20,6 +20,8 @@ from pydantic import (
 )
 
 from dlrover_kfp.core.quantity import (
+    MAX_CPU_CORES,
+    MAX_MEMORY_MB,
     Mebibytes,
     format_cpu,
     format_memory,
@@ -32,10 +34,16 @@ CONTRACT_CONFIG = ConfigDict(extra="forbid", validate_assignment=False)
 
 PosInt = Annotated[int, Strict(), Field(ge=1)]
 NonNegInt = Annotated[int, Strict(), Field(ge=0)]
-PosFloat = Annotated[float, Strict(), Field(gt=0)]
-NonNegFloat = Annotated[float, Strict(), Field(ge=0)]
+# Every float of a contract is finite: Python's JSON reads ``Infinity`` and ``NaN``, and an
+# infinite time, throughput or size (or a NaN, which passes no comparison) would reach the
+# planner's arithmetic, the simulator or a SQL column. (``allow_inf_nan=False``: pydantic
+# refuses them with "Input should be a finite number", naming the field.)
+PosFloat = Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)]
 Str = Annotated[str, Strict()]
-Seconds = Annotated[float, Strict(), Field(ge=0, description="seconds since job start")]
+Seconds = Annotated[
+    float, Strict(), Field(ge=0, allow_inf_nan=False, description="seconds since job start")
+]
 
 #: CPU in cores; accepts Kubernetes notation on input (``0.5``, ``500m``, ``4``).
 Cores = Annotated[
@@ -51,8 +59,13 @@ Cores = Annotated[
         }
     ),
 ]
-#: CPU in cores as written by machines (plans, profiles): numbers only.
-CoresValue = Annotated[float, Strict(), Field(ge=0, description="CPU cores")]
+#: CPU in cores as written by machines (plans, profiles): numbers only, finite, and at most
+#: what a spec can ask for (:data:`~dlrover_kfp.core.quantity.MAX_CPU_CORES`).
+CoresValue = Annotated[
+    float,
+    Strict(),
+    Field(ge=0, le=MAX_CPU_CORES, allow_inf_nan=False, description="CPU cores"),
+]
 
 _MEMORY_PATTERN = r"^[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$"
 
@@ -75,8 +88,11 @@ MemoryQuantity = Annotated[
         }
     ),
 ]
-#: Memory in MiB as written by machines (plans, profiles).
-MemoryMb = Annotated[int, Strict(), Field(ge=0, description="memory in MiB (2**20 bytes)")]
+#: Memory in MiB as written by machines (plans, profiles), at most what a spec can ask for
+#: (:data:`~dlrover_kfp.core.quantity.MAX_MEMORY_MB`: exact in a float).
+MemoryMb = Annotated[
+    int, Strict(), Field(ge=0, le=MAX_MEMORY_MB, description="memory in MiB (2**20 bytes)")
+]
 
 
 DnsLabel = Annotated[

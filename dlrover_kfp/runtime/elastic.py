@@ -90,8 +90,10 @@ log = logging.getLogger("dlrover_kfp.elastic")
 #: How a PS change is applied: live (paused only for the switch) or stop-and-restart.
 Migration = Literal["live", "restart"]
 
-#: Seconds the workers get to pause for a PS switch before the stragglers are stopped.
+#: Seconds the workers get to pause for a PS switch before the stragglers are stopped: ten
+#: times a shard's time at the job's median speed, within these bounds.
 _PAUSE_TIMEOUT_S = 20.0
+_PAUSE_MIN_S = 5.0
 
 
 #: How the backend's reasons map to the relaunch policy's causes.
@@ -161,6 +163,8 @@ class ElasticRun(StaticRun):
         self._stops: list[PodExit] = []
         #: indices into ``samples`` where pods were (re)started: the job's start, every change
         self._starts: list[int] = [0]
+        # Slow workers whose shards were sent elsewhere, with the window (len(_starts)) it was in.
+        self._reassigned: dict[str, int] = {}
         #: (name, launch time) of failed pods already handled
         self._handled: set[tuple[str, float | None]] = set()
         self.migration: Migration = migration
@@ -359,6 +363,15 @@ class ElasticRun(StaticRun):
         )
         unstable = post_scale(self.ctx, self.plan, observed, t, self.planner)
         if unstable is not None and unstable.actions:
+            if {a.kind for a in unstable.actions} == {"reassign_shards"}:
+                # No pod changes: the window goes on, so that a straggler's streak can reach
+                # its replacement (a new window would restart it, and it would only ever be
+                # flagged again); each straggler is flagged once per window.
+                window = len(self._starts)
+                new = [a for a in unstable.actions if self._reassigned.get(a.node) != window]
+                if new:
+                    self._apply_actions(state, dataclasses.replace(unstable, actions=tuple(new)))
+                return
             self._apply_actions(state, unstable)
             self._starts.append(len(self.samples))
             return
@@ -431,7 +444,9 @@ class ElasticRun(StaticRun):
                 kind = "relaunch" if action.kind == "relaunch" else "straggler"
             else:
                 # reassign_shards: taking a live worker's leases would let it and the next
-                # holder both report the shard; its shards move when it is replaced instead.
+                # holder both report the shard; its shards move when it is replaced instead
+                # (or when a PS switch, which does not wait for it, stops it).
+                self._reassigned[action.node] = len(self._starts)
                 kind = "straggler"
             self.events.append(
                 JobEvent(time=round(t, 3), kind=kind, node=action.node, detail=action.reason)
@@ -597,6 +612,10 @@ class ElasticRun(StaticRun):
         unready = self._await_pause(state, switch)
         for name in unready:
             self._stop(name)
+            t = round(self.clock() - self.start, 3)
+            detail = "did not pause for the PS switch: stopped, its shards back to the queue"
+            self.events.append(JobEvent(time=t, kind="straggler", node=name, detail=detail))
+            self.progress(f"{self.run_id}: {name}: {detail}")
         # 3. A checkpoint of the quiescent PS, from which the new ones restore: live, from its
         # snapshot in shared memory, while the old PS persist it behind (they stop after).
         step = self._next_step(state)
@@ -717,8 +736,16 @@ class ElasticRun(StaticRun):
         return False
 
     def _await_pause(self, state: MasterState, switch: PsSwitch) -> list[str]:
-        """Wait until every running, configured worker has paused; the pods that did not."""
-        deadline = time.monotonic() + _PAUSE_TIMEOUT_S
+        """Wait until every running, configured worker has paused; the pods that did not.
+
+        A worker Stage 3 found slow since the last change is not waited for (a frozen one
+        would hold the switch for the whole timeout): it is among the pods returned."""
+        # A worker pauses after its current step: far less than a shard takes, so ten shards'
+        # time (at least _PAUSE_MIN_S) is ample, and a frozen one does not hold the job long.
+        shard_s = self._shard_s(self.samples[-5:])
+        timeout = _PAUSE_TIMEOUT_S if shard_s is None else 10 * shard_s
+        deadline = time.monotonic() + min(_PAUSE_TIMEOUT_S, max(_PAUSE_MIN_S, timeout))
+        slow = {name for name, w in self._reassigned.items() if w == len(self._starts)}
         while True:
             running = [
                 s
@@ -732,7 +759,7 @@ class ElasticRun(StaticRun):
                     if f"worker-{s.index}" in state.configured
                     and f"worker-{s.index}" not in switch.ready
                 ]
-            if not waiting or time.monotonic() > deadline:
+            if set(waiting) <= slow or time.monotonic() > deadline:
                 return waiting
             time.sleep(0.005)
 

@@ -394,6 +394,7 @@ class StaticRun:
                         if u.role == "worker"
                         else None
                     ),
+                    cpu_throttled=u.cpu_throttled,
                 )
             )
         self.samples.append(

@@ -63,6 +63,17 @@ def cores_over(backend: LocalBackend, name: str, seconds: float) -> float:
 
 
 @pytest.mark.parametrize(
+    ("periods", "wall_s", "share"),
+    [(0, 1.0, 0.0), (5, 1.0, 0.5), (10, 1.0, 1.0), (30, 2.0, 1.0), (3, 0.0, 0.0), (-2, 1.0, 0.0)],
+)
+def test_throttled_share_is_per_period_of_wall_time(
+    periods: int, wall_s: float, share: float
+) -> None:
+    # 100 ms periods: 10 a second; more throttles than periods (a late read) clamp to 1.
+    assert cg.throttled_share(periods, wall_s) == pytest.approx(share)
+
+
+@pytest.mark.parametrize(
     ("cpu", "quota"), [(0.5, 50_000), (0.25, 25_000), (1.5, 150_000), (0.001, 1_000), (4, 400_000)]
 )
 def test_quota_is_cores_times_the_period_with_the_kernel_minimum(cpu: float, quota: int) -> None:
@@ -122,10 +133,14 @@ def test_v2_layout_sets_cpu_max_memory_max_and_enables_the_controllers(tmp_path:
     assert cg.quota_cores(leaf) == 1.5
     assert group.procs_files == (leaf / "cgroup.procs",)
     # The accounting files as the kernel writes them.
-    (leaf / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\n")
+    (leaf / "cpu.stat").write_text(
+        "usage_usec 2500000\nuser_usec 2000000\nnr_periods 40\nnr_throttled 12\n"
+    )
     (leaf / "memory.stat").write_text("anon 1048576\nfile 999999999\nshmem 2097152\n")
     (leaf / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
-    assert group.usage() == cg.GroupUsage(cpu_seconds=2.5, memory_bytes=3 << 20)
+    assert group.usage() == cg.GroupUsage(
+        cpu_seconds=2.5, memory_bytes=3 << 20, throttled_periods=12
+    )
     assert group.oom_kills() == 1
 
 
@@ -212,11 +227,20 @@ def test_a_quarter_core_pod_is_throttled_and_a_whole_core_pod_is_not(
     time.sleep(0.5)
     backend.usage()
     time.sleep(3.0)
-    used = {u.name: u.cpu_cores for u in backend.usage()}
+    usage = {u.name: u for u in backend.usage()}
+    used = {name: u.cpu_cores for name, u in usage.items()}
 
     assert 0.2 <= used["busy-q"] <= 0.3, used
     assert used["busy-w"] >= 0.6, used  # one spinning process on a shared 2-core machine
     assert used["busy-w"] <= 1.1, used
+    # The throttling signal of Stage 3's starved-PS rule: the quarter-core pod ran out of its
+    # quota in nearly every period, so its use over that share bounds its quota near 0.25
+    # cores; the whole-core pod's use bounds its quota at its 1 core or more.
+    q, w = usage["busy-q"], usage["busy-w"]
+    assert q.cpu_throttled is not None and q.cpu_throttled >= 0.8, q
+    assert 0.2 <= q.cpu_cores / q.cpu_throttled <= 0.35, q
+    assert w.cpu_throttled is not None, w
+    assert w.cpu_throttled == 0 or w.cpu_cores / w.cpu_throttled >= 0.9, w
 
 
 @needs_cgroups

@@ -28,10 +28,15 @@ from tests.chaos.harness import (
 pytestmark = pytest.mark.chaos
 
 
-#: The faults of a pod: the kernel kills a process, a process freezes, memory runs out. (A PS
-#: throttled to a tenth of its CPU is not in the schedules: no rule detects it yet, see
-#: docs/reliability.md.)
-POD_FAULTS = (Fault.WORKER_KILL, Fault.PS_KILL, Fault.WORKER_STOP, Fault.WORKER_MEMORY)
+#: The faults of a pod: the kernel kills a process, a process freezes, memory runs out, a PS's
+#: CPU quota is cut to a tenth.
+POD_FAULTS = (
+    Fault.WORKER_KILL,
+    Fault.PS_KILL,
+    Fault.WORKER_STOP,
+    Fault.WORKER_MEMORY,
+    Fault.PS_THROTTLE,
+)
 
 
 def _needs_cgroups(tmp_path: Path) -> None:
@@ -43,12 +48,13 @@ def _needs_cgroups(tmp_path: Path) -> None:
             )
 
 
-# Seed 4 draws every pod fault once: a PS SIGKILL, a worker over its memory, a worker SIGKILL
-# and a worker frozen by SIGSTOP (the soak below draws many more).
+# Seed 4 draws every pod fault once: a PS SIGKILL, a worker over its memory, a worker SIGKILL,
+# a worker frozen by SIGSTOP and a PS throttled to a tenth (the soak below draws many more).
 @pytest.mark.parametrize("seed", [4])
 def test_pod_faults_lose_nothing(seed: int, tmp_path: Path, reference_loss: float) -> None:
     _needs_cgroups(tmp_path)
-    schedule = draw_schedule(seed, POD_FAULTS, 4, workers=2, ps=2)
+    schedule = draw_schedule(seed, POD_FAULTS, 5, workers=2, ps=2)
+    assert {i.fault for i in schedule} == set(POD_FAULTS), schedule
     result, outcome = run_chaos(seed, tmp_path, schedule, rows=ROWS)
     assert result.succeeded, (result.profile.outcome.reason, result.profile.events)
     assert len(outcome.injected) == len(schedule), (outcome.injected, outcome.skipped)

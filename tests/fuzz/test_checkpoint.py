@@ -10,6 +10,7 @@ must be exactly the saved state or a :class:`CheckpointError`, never another exc
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import zlib
 from collections.abc import Callable, Iterator
@@ -296,10 +297,8 @@ def test_mutated_checkpoint_restores_exactly_or_is_refused(
 ) -> None:
     files = FileSet(committed.files)
     for _ in range(data.draw(st.integers(1, 2))):
-        # Part files only: the manifest's own parser is fuzzed below (restore.py's
-        # _disk_choice, which reads it on this path, is not robust yet; see
-        # test_restore_refuses_a_manifest_that_is_not_an_object).
-        data.draw(mutations(files, manifest=False))(files)
+        # Part files and the manifest (restore._disk_choice reads it with parse_manifest).
+        data.draw(mutations(files))(files)
     root = tmp_path_factory.getbasetemp() / "ckpt-fuzz"
     shutil.rmtree(root, ignore_errors=True)
     step_dir = root / committed.directory
@@ -355,29 +354,85 @@ def test_mutated_manifest_parses_or_is_corrupt(committed: Committed, data: st.Da
 
 
 def test_manifest_parser_refuses_non_objects() -> None:
-    """The inputs that crash restore.py's own manifest reading (see the xfail below)."""
+    """The inputs that crashed restore.py's own manifest reading before it used this parser."""
     for raw in (b"null", b"[" * 100_000, b'{"version": ' + b"9" * 5000 + b"}", b"\xff"):
         with pytest.raises(CheckpointError, match=r"^manifest\.json: unreadable manifest"):
             parse_manifest(raw, "manifest.json")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="restore._disk_choice calls raw.get() on any JSON value and lets AttributeError, "
-    "OverflowError and RecursionError escape select_checkpoint; format.parse_manifest checks "
-    "a manifest fully and restore.py should use it (a known defect, not yet fixed)",
-)
-def test_restore_refuses_a_manifest_that_is_not_an_object(
-    committed: Committed, tmp_path: Path
+def _with_manifest(manifest: bytes) -> Callable[[dict[str, Any]], object]:
+    return lambda m: manifest
+
+
+#: Manifests that crashed restore._disk_choice (AttributeError, OverflowError, RecursionError,
+#: ValueError out of select_checkpoint) or that it accepted with a geometry no restore can use.
+BAD_MANIFESTS: dict[str, Callable[[dict[str, Any]], object]] = {
+    "null": _with_manifest(b"null"),
+    "list": _with_manifest(b"[]"),
+    "number": _with_manifest(b"3"),
+    "string": _with_manifest(b'"x"'),
+    "deep": _with_manifest(b"[" * 100_000),
+    "not-utf8": _with_manifest(b"\xff"),
+    "huge-int": _with_manifest(b'{"step": ' + b"9" * 5000 + b"}"),  # over the int digit limit
+    "big-step": lambda m: m.update(step=2**64),  # beyond 64 bits
+    "inf-step": lambda m: m.update(step=float("inf")),  # int(inf): OverflowError
+    "float-dim": lambda m: m.update(dim=4.5),
+    "bool-num_ps": lambda m: m.update(num_ps=True),
+    "string-rows": lambda m: m.update(total_rows="120"),
+    "parts-object": lambda m: m.update(parts={"a": 1}),
+    "part-null": lambda m: m["parts"].__setitem__(0, None),
+    "part-meta-list": lambda m: m["parts"][0].update(meta=[0]),
+    "part-path": lambda m: m["parts"][0].update(file="../ps-0.bin"),
+    "part-inf-bytes": lambda m: m["parts"][0].update(bytes=float("inf")),
+    "extra-list": lambda m: m.update(extra=[1, 2]),
+    "table-sizes-nan": lambda m: m.update(table_sizes=[float("nan")]),
+    "no-ps": lambda m: m.update(num_ps=0, parts=[]),
+    "no-rows": lambda m: m.update(total_rows=0),
+    "no-dim": lambda m: m.update(dim=0),
+    "table-sizes-sum": lambda m: m.update(table_sizes=[70, 51]),
+    "same-ps-twice": lambda m: m["parts"][1]["meta"].update(ps_index=0),
+    "ps-out-of-range": lambda m: m["parts"][1]["meta"].update(ps_index=5),
+}
+
+
+def _manifest_bytes(committed: Committed, change: Callable[[dict[str, Any]], object]) -> bytes:
+    manifest = json.loads(committed.files[MANIFEST])
+    replaced = change(manifest)
+    if isinstance(replaced, bytes):
+        return replaced
+    return json.dumps(manifest).encode()  # Infinity and NaN as Python's json writes them
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MANIFESTS))
+def test_restore_skips_a_bad_manifest(
+    committed: Committed, tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
 ) -> None:
-    step_dir = tmp_path / committed.directory
-    step_dir.mkdir()
-    for name, raw in committed.files.items():
-        (step_dir / name).write_bytes(raw)
-    (step_dir / MANIFEST).write_bytes(b"null")
-    with pytest.raises(CheckpointError):
+    """A committed checkpoint whose manifest is not a valid one (not an object, wrong types,
+    a geometry no restore can use) is skipped with a warning naming the manifest, like any
+    corrupt checkpoint: the older good one is restored, and with none left a CheckpointError."""
+    good = tmp_path / committed.directory
+    bad = tmp_path / "step-0000000009"  # newer than the good one (step 7): tried first
+    for step_dir in (good, bad):
+        step_dir.mkdir()
+        for name, raw in committed.files.items():
+            (step_dir / name).write_bytes(raw)
+    (bad / MANIFEST).write_bytes(_manifest_bytes(committed, BAD_MANIFESTS[case]))
+    with caplog.at_level(logging.WARNING):
+        choice = select_checkpoint(tmp_path)
+    assert choice is not None and choice.step == 7 and choice.location == str(good)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        f"{bad / MANIFEST}: unreadable manifest" in w and "ignoring this checkpoint" in w
+        for w in warnings
+    ), warnings
+    part = load_checkpoint(tmp_path, num_ps=NUM_PS, ps_index=0)
+    assert part is not None and part.step == 7
+    np.testing.assert_array_equal(part.dense, committed.dense)
+    shutil.rmtree(good)
+    with pytest.raises(CheckpointError, match=r"no checkpoint verifies \(1 tried\)"):
         select_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match=r"no checkpoint verifies \(1 tried\)"):
+        load_checkpoint(tmp_path, num_ps=NUM_PS, ps_index=0)
 
 
 # Regressions: descriptor fields that the reader turned into exceptions other than

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from dlrover_kfp.cli.model_cmd import load_model
 from dlrover_kfp.core.model_io import (
     CSV_COLUMNS,
     FORM_V1,
@@ -97,6 +98,27 @@ def test_mutated_model_file_reads_or_names_the_key(doc: object) -> None:
 @given(json_values)
 def test_any_document_is_a_model_or_an_error(doc: object) -> None:
     check_model_document(doc)
+
+
+@fuzz_settings()
+@given(st.one_of(st.text(max_size=200), json_values.map(json.dumps), mutated(V3).map(json.dumps)))
+@example('{"gamma": ' + "9" * 5000 + "}")  # json.loads: ValueError, over int()'s 4300 digits
+@example("[" * 100_000)  # json.loads: RecursionError
+@example('{"theta": {"a": ' + "[" * 100_000 + "}}")
+@example(json.dumps(V3))
+def test_model_file_reads_or_names_the_file(
+    tmp_path_factory: pytest.TempPathFactory, text: str
+) -> None:
+    """``model predict --model FILE`` (``cli.model_cmd.load_model``): any file content is a
+    model or a UserInputError naming the file."""
+    path = tmp_path_factory.getbasetemp() / "model.json"
+    path.write_text(text, encoding="utf-8")
+    model = expect_clean(lambda: load_model(str(path)), (UserInputError,))
+    if model is None:
+        with pytest.raises(UserInputError) as info:
+            load_model(str(path))
+        assert str(info.value).startswith(f"{path}"), str(info.value)
+        assert_clean_error(info.value)
 
 
 cells = st.one_of(

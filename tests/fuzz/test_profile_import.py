@@ -130,10 +130,21 @@ def test_bad_json_lines_are_user_errors(tmp_path: Path) -> None:
             read_jsonl(path)
 
 
-def test_non_finite_numbers_are_user_errors() -> None:
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        (("samples", 0, "throughput"), r"samples\[0\]\.throughput"),
+        (("samples", 1, "time"), r"samples\[1\]\.time"),
+        (("samples", 0, "nodes", 0, "cpu_used"), r"samples\[0\]\.nodes\[0\]\.cpu_used"),
+        (("outcome", "jct_seconds"), r"outcome\.jct_seconds"),
+    ],
+)
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_numbers_are_user_errors(
+    path: tuple[Any, ...], field: str, value: float
+) -> None:
     """Regression: ``Infinity`` (valid in Python's JSON) reached the summary as an infinite
-    throughput, which the planner would fit on, and NaN would make SQLite refuse the row."""
-    for path in (("samples", 0, "throughput"), ("outcome", "jct_seconds")):
-        profile = parse(JobProfile, _with(path, float("inf")), "p.json")
-        with pytest.raises(UserInputError, match=r"^p\.json: .*finite"):
-            checked_summary(profile, "p.json")
+    throughput, which the planner would fit on, and NaN would make SQLite refuse the row. The
+    contract's float types refuse them (``core.types``), naming the field."""
+    with pytest.raises(UserInputError, match=rf"^p\.json: {field}: .*finite number"):
+        parse(JobProfile, _with(path, value), "p.json")

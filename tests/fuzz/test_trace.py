@@ -96,8 +96,8 @@ def test_non_finite_arrival_is_a_user_error(tmp_path: pytest.TempPathFactory) ->
     arrival time and in the hidden truth, where the simulator's arithmetic then ran on them."""
     cases = {
         ("arrival_s",): "arrival_s",
-        ("truth", "throughput", "base"): "truth.base",
-        ("truth", "memory", "worker_mb"): "truth.worker_mb",
+        ("truth", "throughput", "base"): "truth.throughput.base",
+        ("truth", "memory", "worker_mb"): "truth.memory.worker_mb",
     }
     for key, message in cases.items():
         path = tmp_path / "t.jsonl"  # type: ignore[operator]

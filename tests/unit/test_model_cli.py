@@ -147,7 +147,17 @@ def test_predict_with_a_missing_model_file_exits_2(
     [
         ("{not json", ":1: not JSON: "),
         ('{"form": "dlrover-kfp/ps-async-v1"}', ": key theta: required key is missing"),
+        # Regressions: json.loads raised a bare ValueError (more digits than int() takes) and
+        # RecursionError, which the CLI printed as tracebacks.
+        (
+            '{"gamma": ' + "9" * 5000 + "}",
+            ": not JSON: unreadable value: Exceeds the limit (4300 digits) for integer string "
+            "conversion: value has 5000 digits",
+        ),
+        ("[" * 100_000, ": not JSON: nested too deeply"),
+        ('{"theta": ' + "[" * 100_000 + "]" * 100_000 + "}", ": not JSON: nested too deeply"),
     ],
+    ids=["not-json", "missing-key", "5000-digit-int", "deep-brackets", "deep-theta"],
 )
 def test_predict_with_a_malformed_model_file_names_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
@@ -157,8 +167,11 @@ def test_predict_with_a_malformed_model_file_names_it(
     argv = ["model", "predict", "--model", str(path), "--workers", "1", "--ps", "1"]
     argv += ["--worker-cpu", "1", "--ps-cpu", "1", "--batch-size", "64"]
     assert main(argv) == 2
-    line = _one_error_line(capsys.readouterr().err)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    line = _one_error_line(captured.err)
     assert line.startswith(f"dlrover-kfp: error: {path}{message}")
+    assert len(line) < 300, line
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner import Instability, PlannerSettings, context_from_spec, post_scale
 from dlrover_kfp.core.profile import JobEvent, NodeSample, RuntimeSample
@@ -35,6 +38,7 @@ def node(
     mem: int = 2000,
     speed: float | None = 1000.0,
     role: str | None = None,
+    throttled: float | None = None,
 ) -> NodeSample:
     role = role or ("ps" if name.startswith("job-ps") else "worker")
     group = PLAN.ps if role == "ps" else PLAN.workers
@@ -46,6 +50,7 @@ def node(
         memory_used_mb=mem,
         memory_requested_mb=group.memory_mb,
         throughput=speed if role == "worker" else None,
+        cpu_throttled=throttled,
     )
 
 
@@ -96,6 +101,98 @@ def test_hot_ps_is_migrated_to_a_bigger_pod() -> None:
 def test_hot_ps_needs_consecutive_samples() -> None:
     blip = {"job-ps-1": lambda i: node("job-ps-1", cpu=3.6 if i != 1 else 1.0)}
     assert decide(samples(S.hot_ps_samples, blip)) is None
+
+
+def test_a_ps_held_to_a_tenth_of_its_cpu_moves_to_a_pod_of_its_size() -> None:
+    # Its quota cut from 4 to 0.4 cores: it runs 0.4 and is throttled in every period.
+    starved = {"job-ps-0": lambda i: node("job-ps-0", cpu=0.4, throttled=1.0)}
+    plan = decide(samples(S.starved_ps_samples, starved))
+    assert plan is not None
+    (action,) = plan.actions
+    assert (action.kind, action.node, action.cpu) == ("migrate_ps", "job-ps-0", 4.0)
+    assert "starved PS" in action.reason and "0.4 of the 4 cores" in action.reason
+    assert plan.ps == PLAN.ps  # the same size: a new pod, not a bigger one
+
+
+def test_a_ps_busy_at_its_own_quota_is_not_starved() -> None:
+    # Throttled often, but its use bounds its quota at 3.0 / 0.6 = 5 cores >= its 4.
+    busy = {"job-ps-0": lambda i: node("job-ps-0", cpu=3.0, throttled=0.6)}
+    assert decide(samples(S.starved_ps_samples + 2, busy)) is None
+
+
+def test_starved_ps_needs_consecutive_samples_and_a_throttling_signal() -> None:
+    # One sample in which it ran 3 of its 4 cores: its quota was at least that then.
+    blip = {
+        "job-ps-0": lambda i: (
+            node("job-ps-0", cpu=0.4, throttled=1.0)
+            if i != 1
+            else node("job-ps-0", cpu=3.0, throttled=0.0)
+        )
+    }
+    assert decide(samples(S.starved_ps_samples + 1, blip)) is None
+    unseen = {"job-ps-0": lambda i: node("job-ps-0", cpu=0.4, throttled=None)}
+    assert decide(samples(S.starved_ps_samples + 2, unseen)) is None
+    rare = {"job-ps-0": lambda i: node("job-ps-0", cpu=0.1, throttled=0.1)}  # bound 1 core
+    assert decide(samples(S.starved_ps_samples + 2, rare)) is None
+
+
+def test_idle_samples_neither_prove_nor_break_a_starved_ps() -> None:
+    # The workers restart in between: the PS idles, unthrottled, which shows nothing of its quota.
+    gaps = {
+        "job-ps-0": lambda i: (
+            node("job-ps-0", cpu=0.4, throttled=1.0)
+            if i % 2 == 0
+            else node("job-ps-0", cpu=0.002, throttled=0.0)
+        )
+    }
+    assert decide(samples(2 * S.starved_ps_samples - 2, gaps)) is None  # two telling samples
+    plan = decide(samples(2 * S.starved_ps_samples - 1, gaps))
+    assert plan is not None and plan.actions[0].node == "job-ps-0"
+
+
+def _cfs_window(quota: float, demands: Sequence[float]) -> tuple[float, float]:
+    """(cores used, throttled share) of a group with ``quota`` cores over periods whose demands
+    (cores each period would take unthrottled) are ``demands``: the kernel's CFS bandwidth
+    control, period by period, written from its documentation rather than from the rule."""
+    used = sum(min(d, quota) for d in demands) / len(demands)
+    throttled = sum(1 for d in demands if d > quota) / len(demands)
+    return used, throttled
+
+
+def _starved_moved(quota: float, demands: Sequence[float]) -> bool:
+    used, throttled = _cfs_window(quota, demands)
+    window = samples(
+        S.starved_ps_samples,
+        {"job-ps-1": lambda i: node("job-ps-1", cpu=used, throttled=throttled)},
+    )
+    plan = decide(window)
+    return plan is not None and any(
+        a.node == "job-ps-1" and "starved PS" in a.reason for a in plan.actions
+    )
+
+
+@given(
+    ratio=st.floats(1.0, 4.0),
+    demands=st.lists(st.floats(0.0, 32.0), min_size=1, max_size=40),
+)
+@settings(max_examples=500, deadline=None)
+def test_a_ps_given_its_request_is_never_starved(ratio: float, demands: list[float]) -> None:
+    """Whatever it demands, period by period, a PS whose quota is its request or more."""
+    assert not _starved_moved(ratio * PLAN.ps.cpu, demands)
+
+
+@given(
+    ratio=st.floats(0.01, 0.499),
+    demands=st.lists(st.one_of(st.just(0.0), st.floats(1.01, 20.0)), min_size=1, max_size=40),
+)
+@settings(max_examples=500, deadline=None)
+def test_a_ps_held_below_half_its_request_is_moved(ratio: float, demands: list[float]) -> None:
+    """A PS whose quota is under half its request, idle or wanting more than its quota in each
+    period (a PS serving workers that wait for it), and throttled in a fifth of them or more."""
+    quota = ratio * PLAN.ps.cpu
+    demands = [d * quota for d in demands]  # multiples of the quota: idle, or over it
+    assume(sum(1 for d in demands if d > 0) >= S.starved_ps_throttled * len(demands))
+    assert _starved_moved(quota, demands)
 
 
 def test_real_oom_relaunches_with_double_memory() -> None:

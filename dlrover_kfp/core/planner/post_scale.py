@@ -12,6 +12,11 @@ runtime applies them. Rules, in the order they are checked (a pod gets at most o
   need x ``oom_prevention_headroom`` before it dies.
 - Hot PS: CPU used / requested > ``hot_ps_utilization`` for ``hot_ps_samples`` samples in a
   row -> migrate it to a pod with ``hot_ps_cpu_growth`` x the CPU, without stopping training.
+- Starved PS: throttled in at least ``starved_ps_throttled`` of the CFS periods of its last
+  ``starved_ps_samples`` telling samples (an idle PS's tell nothing), with a CPU use that bounds
+  its quota below ``starved_ps_share`` of its request -> migrate it to a new pod of the size
+  it requested.
+  (Its CPU use is *below* its request, so the hot-PS rule cannot see it.)
 - Slow worker: its throughput below ``straggler_ratio`` x its peers' median for
   ``straggler_samples`` samples -> its shards go back to the queue for the others to pull;
   after ``straggler_replace_samples`` it is replaced.
@@ -170,6 +175,55 @@ def hot_ps(
     return actions
 
 
+def starved_ps(
+    series: Mapping[str, list[tuple[float, NodeSample]]], s: PostScaleSettings
+) -> list[NodeAction]:
+    """PS that get less CPU than they requested: their quota was cut, or their node's CFS
+    bandwidth is short.
+
+    CFS throttles a group in a period only once it has run its whole quota ``q`` in it, so over
+    a window with a share ``θ`` of its periods throttled and ``u`` cores used on average:
+
+        u >= θ · q   =>   q <= u / θ
+
+    A sample is evidence of starvation when θ >= ``starved_ps_throttled`` (a rare throttle
+    makes the bound meaningless) and that bound is below ``starved_ps_share`` x the request;
+    evidence against when the PS used ``starved_ps_share`` of its request or more (its quota is
+    at least that); and says nothing otherwise (an idle PS, while workers restart, shows no
+    quota). The PS is starved when its last ``starved_ps_samples`` telling samples all are
+    evidence of it. A PS whose backend cannot see throttling (``cpu_throttled`` None) is never
+    judged.
+    """
+    actions = []
+    for name, points in series.items():
+        if not points or points[-1][1].role != "ps":
+            continue
+        verdicts: list[float | None] = []  # the bound where starved, None where not
+        for _, n in points:
+            if n.cpu_throttled is None or n.cpu_requested <= 0:
+                continue
+            floor = s.starved_ps_share * n.cpu_requested
+            if n.cpu_throttled >= s.starved_ps_throttled and n.cpu_used / n.cpu_throttled < floor:
+                verdicts.append(n.cpu_used / n.cpu_throttled)
+            elif n.cpu_used >= floor or n.cpu_throttled >= s.starved_ps_throttled:
+                verdicts.append(None)
+        recent = verdicts[-s.starved_ps_samples :]
+        if len(recent) == s.starved_ps_samples and all(b is not None for b in recent):
+            requested = points[-1][1].cpu_requested
+            bound = max(b for b in recent if b is not None)
+            actions.append(
+                NodeAction(
+                    kind="migrate_ps",
+                    node=name,
+                    cpu=requested,
+                    reason=f"starved PS: throttled while its CPU quota is at most "
+                    f"{bound:.3g} of the {requested:g} cores it requested, for "
+                    f"{len(recent)} samples: migrate to a new pod of its size",
+                )
+            )
+    return actions
+
+
 def hung_workers(
     lease_ages_s: Mapping[str, float], shard_s: float | None, s: PostScaleSettings
 ) -> list[NodeAction]:
@@ -303,6 +357,7 @@ def post_scale(
     take(ooms)
     take(oom_predictions(series, now, s, ctx))
     take(hot_ps(series, s, ctx))
+    take(starved_ps(series, s))
     take(hung_workers(observed.lease_ages_s or {}, observed.shard_s, s))
     take(slow_workers(observed.samples, s))
     take(pending_too_long(observed.pending_s or {}, groups, s, ctx))

@@ -144,6 +144,14 @@ class PostScaleSettings:
     hot_ps_samples: int = 3
     #: The hot PS moves to a pod with this many times its CPU.
     hot_ps_cpu_growth: float = 2.0
+    #: Starved PS: throttled in at least ``starved_ps_throttled`` of a sample's CFS periods
+    #: while its CPU use puts its quota below ``starved_ps_share`` of what it requested (each
+    #: throttled period used the whole quota, so quota <= used / throttled share), for
+    #: ``starved_ps_samples`` samples in a row -> it moves to a new pod of the size it asked
+    #: for (its quota was cut, or its node cannot give it its request).
+    starved_ps_throttled: float = 0.2
+    starved_ps_share: float = 0.5
+    starved_ps_samples: int = 3
     #: Slow worker: its throughput below this share of its peers' median ...
     straggler_ratio: float = 0.5
     #: ... for this many samples in a row: its shards flow to the others ...

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping
@@ -25,17 +24,17 @@ from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.training.checkpoint.format import (
     CHUNK,
     DENSE_ARRAYS,
-    FORMAT_VERSION,
     MANIFEST,
-    MANIFEST_FORMAT,
     ROW_ARRAYS,
     AnyArray,
     ArrayLike,
     CheckpointCorruptError,
     CheckpointError,
+    PartMeta,
     PathLike,
     Source,
     _as_numpy,
+    parse_manifest,
 )
 from dlrover_kfp.training.checkpoint.persist import _committed
 from dlrover_kfp.training.checkpoint.reader import PartRef, _fresh_array, _PartFile, _RowSink
@@ -97,34 +96,50 @@ class CheckpointChoice:
 
 
 def _disk_choice(path: Path) -> CheckpointChoice:
+    """The candidate a committed directory holds, from its manifest.
+
+    The manifest is untrusted (a disk, a hand edit, a half-written copy): it is checked field
+    by field (:func:`~.format.parse_manifest`), then for a geometry the restore can use (PS
+    0 .. P-1 each once, rows and dim >= 1, table sizes summing to the rows). Anything else is a
+    :class:`CheckpointCorruptError` naming the manifest, which the caller logs and skips.
+    """
     manifest_path = path / MANIFEST
     try:
-        raw = json.loads(manifest_path.read_bytes())
-        if raw.get("format") != MANIFEST_FORMAT or int(raw["version"]) != FORMAT_VERSION:
-            raise ValueError("unknown manifest format or version")
-        parts = sorted(raw["parts"], key=lambda p: int(p["meta"]["ps_index"]))
-        if any(Path(str(p["file"])).name != str(p["file"]) for p in parts):
-            raise ValueError("a part file name is not a plain name")
-        refs = tuple(
-            PartRef(str(path / str(p["file"])), int(p["bytes"]), int(p["crc32"]), int(p["seq"]))
-            for p in parts
+        raw_bytes = manifest_path.read_bytes()
+    except OSError as exc:
+        raise CheckpointCorruptError(
+            f"{manifest_path}: unreadable manifest: {exc.strerror or exc}"
+        ) from None
+    raw = parse_manifest(raw_bytes, manifest_path)
+    parts = sorted(raw["parts"], key=lambda p: int(p["meta"]["ps_index"]))
+    indexes = [int(p["meta"]["ps_index"]) for p in parts]
+    if indexes != list(range(raw["num_ps"])):
+        raise CheckpointCorruptError(
+            f"{manifest_path}: unreadable manifest: parts' ps_index {indexes[:8]} do not cover "
+            f"PS 0..{raw['num_ps'] - 1} exactly once"
         )
-        if len(refs) != int(raw["num_ps"]):
-            raise ValueError(f"{len(refs)} parts for {raw['num_ps']} PS")
-        return CheckpointChoice(
-            "disk",
-            int(raw["step"]),
-            str(path),
-            str(raw["job_id"]),
-            int(raw["num_ps"]),
-            int(raw["total_rows"]),
-            int(raw["dim"]),
-            tuple(int(n) for n in raw.get("table_sizes", ())),
-            refs,
-            dict(raw.get("extra") or {}),
-        )
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    table_sizes = tuple(int(n) for n in raw.get("table_sizes", ()))
+    try:
+        # The same geometry checks as a part's own meta (a snapshot's are checked by the reader).
+        PartMeta(raw["job_id"], raw["num_ps"], 0, raw["total_rows"], raw["dim"], table_sizes)
+    except UserInputError as exc:
         raise CheckpointCorruptError(f"{manifest_path}: unreadable manifest: {exc}") from None
+    refs = tuple(
+        PartRef(str(path / p["file"]), int(p["bytes"]), int(p["crc32"]), int(p["seq"]))
+        for p in parts
+    )
+    return CheckpointChoice(
+        "disk",
+        int(raw["step"]),
+        str(path),
+        str(raw["job_id"]),
+        int(raw["num_ps"]),
+        int(raw["total_rows"]),
+        int(raw["dim"]),
+        table_sizes,
+        refs,
+        dict(raw.get("extra") or {}),
+    )
 
 
 def _shm_choices(job_id: str, shm_dir: PathLike | None) -> list[CheckpointChoice]:
