@@ -80,6 +80,7 @@ from dlrover_kfp.core.planner.relaunch import (
 from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent, RuntimeSample
 from dlrover_kfp.core.reconcile import ChangeKind, Pod, move_ps, reconcile
 from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.errors import PermanentError, TransientError
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.job import JobFailedError, Progress, RunSettings, StaticRun
 from dlrover_kfp.runtime.master import MasterState, PsSwitch
@@ -620,10 +621,19 @@ class ElasticRun(StaticRun):
         # snapshot in shared memory, while the old PS persist it behind (they stop after).
         step = self._next_step(state)
         old = self.coordinator
-        if live:
-            old.snapshot(step, extra=self._checkpoint_extra(state))
-        else:
-            old.checkpoint(step, extra=self._checkpoint_extra(state))
+        try:
+            if live:
+                old.snapshot(step, extra=self._checkpoint_extra(state))
+            else:
+                old.checkpoint(step, extra=self._checkpoint_extra(state))
+        except (TransientError, PermanentError, OSError) as exc:
+            # A PS died or its disk failed mid-switch: no checkpoint to move from. The switch
+            # is abandoned; the main loop sees the dead PS and rolls back as for any PS lost.
+            self._abandon_switch(
+                state, new_pods if live else {}, f"its checkpoint of step {step:,} failed: {exc}"
+            )
+            self._relaunch_workers(unready)
+            return
         with state.lock:
             switch.released = True
         if not live:
@@ -724,6 +734,11 @@ class ElasticRun(StaticRun):
             time.sleep(0.005)
         else:
             reason = f"the new PS did not {what} within {self.settings.startup_timeout_s:.0f}s"
+        self._abandon_switch(state, new_pods, reason)
+        return False
+
+    def _abandon_switch(self, state: MasterState, new_pods: dict[int, str], reason: str) -> None:
+        """Give a PS switch up: the workers go back to the old PS, the new pods stop."""
         with state.lock:
             state.switch = None
         for name in new_pods.values():
@@ -733,7 +748,6 @@ class ElasticRun(StaticRun):
             JobEvent(time=t, kind="failure", detail=f"PS change abandoned: {reason}")
         )
         self.progress(f"{self.run_id}: PS change abandoned: {reason}")
-        return False
 
     def _await_pause(self, state: MasterState, switch: PsSwitch) -> list[str]:
         """Wait until every running, configured worker has paused; the pods that did not.

@@ -320,6 +320,10 @@ class Injector:
                 time.sleep(0.05)
             threading.Timer(2.0, free).start()
             return
+        if any(e.kind == "migration" and e.node == pod for e in list(run.events)):
+            # Stage 3 moves this PS to a new pod already; the old one only waits to be retired.
+            self.skipped.append(f"{inj.fault} on {pod}: being moved to a new pod")
+            return
         pid = _live_pid(backend, pod)
         if pid is None:
             self.skipped.append(f"{inj.fault} on {pod}: not running")
