@@ -160,6 +160,11 @@ class ElasticRun(StaticRun):
         if "plans" in extra:
             self.plans = [parse(AppliedPlan, x, "checkpoint") for x in extra["plans"]]
             self.events = [parse(JobEvent, x, "checkpoint") for x in extra.get("events", [])]
+        # The earlier master's events after its last checkpoint, from its run file's journal:
+        # what happened stays in the timeline even where the training state rolls back.
+        seen = set(self.events)
+        self.events += [e for e in self.journalled if e not in seen]
+        self.events.sort(key=lambda e: e.time)
         #: every stop handled, for the relaunch policy's failure count
         self._stops: list[PodExit] = []
         #: indices into ``samples`` where pods were (re)started: the job's start, every change

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from dlrover_kfp.backends import ClusterBackend, PodPhase, PodSpec, PodStatus, PodUsage
-from dlrover_kfp.core.documents import to_dict, to_json
+from dlrover_kfp.core.documents import parse, to_dict, to_json
 from dlrover_kfp.core.plan import NodeGroup, Stage
 from dlrover_kfp.core.profile import (
     AppliedPlan,
@@ -241,7 +241,13 @@ class StaticRun:
         #: seconds the run had been going before this master started (a resumed run)
         self._earlier_s = 0.0
         previous = _unfinished_run(output_dir, spec.name) if resume else None
+        #: the events the earlier master journalled in its run file (a resumed run)
+        self.journalled: list[JobEvent] = []
         if previous is not None:
+            self.journalled = [
+                parse(JobEvent, e, str(output_dir / RUN_FILE), prefix=f"events[{i}].")
+                for i, e in enumerate(previous.get("events") or [])
+            ]
             run_id = str(previous["run_id"])
             self._earlier_s = max(0.0, self.started_wall - float(previous["started_wall"]))
             self.started_wall = float(previous["started_wall"])
@@ -410,7 +416,25 @@ class StaticRun:
                 loss=loss,
             )
         )
+        self._journal()
         return t, samples, loss_sum
+
+    def _journal(self) -> None:
+        """The run file: which run this directory holds, and its events so far. A master killed
+        between two checkpoints loses its timeline since the last one with it; a master started
+        again takes the events from here (see :attr:`journalled`)."""
+        write_atomic(
+            self.output_dir / RUN_FILE,
+            json.dumps(
+                {
+                    "run_id": self.run_id,
+                    "job": self.spec.name,
+                    "started_wall": self.started_wall,
+                    "events": [to_dict(e) for e in self.events],
+                }
+            )
+            + "\n",
+        )
 
     def _worker_rate(self, index: int, per_worker: dict[str, int], t: float) -> float:
         done = per_worker.get(f"worker-{index}", 0)
@@ -427,13 +451,7 @@ class StaticRun:
             # A new run owns its directory: an earlier run's checkpoints would be restored by
             # nothing, and one at the same step would stand in for this run's final one.
             shutil.rmtree(checkpoint_dir)
-        write_atomic(
-            self.output_dir / RUN_FILE,
-            json.dumps(
-                {"run_id": self.run_id, "job": self.spec.name, "started_wall": self.started_wall}
-            )
-            + "\n",
-        )
+        self._journal()
         state = MasterState(
             ledger=self.ledger,
             num_ps=self.ps.count,

@@ -18,7 +18,9 @@ run, not from the code under test:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
 import random
 import signal
@@ -63,6 +65,9 @@ class Fault(StrEnum):
     #: Kubernetes only: the kubelet evicts a pod (node pressure) or a scheduler preempts it.
     WORKER_EVICT = "worker-evicted"
     PS_PREEMPT = "ps-preempted"
+    #: The job master SIGKILLed, then the same run started again on its output directory
+    #: (:func:`run_chaos_with_master_kills`: the master runs in a process of its own).
+    MASTER_KILL = "master-sigkill"
 
 
 #: What the profile must say about each fault: (event kinds, accepted), the event naming the
@@ -76,6 +81,7 @@ EXPECTED_EVENTS: dict[Fault, tuple[str, ...]] = {
     Fault.DISK_FULL: ("failure",),
     Fault.WORKER_EVICT: ("failure", "relaunch"),
     Fault.PS_PREEMPT: ("failure", "relaunch"),
+    Fault.MASTER_KILL: ("relaunch",),
 }
 
 #: The faults that hit a PS (the others hit a worker, or the disk).
@@ -320,6 +326,11 @@ class Injector:
                 time.sleep(0.05)
             threading.Timer(2.0, free).start()
             return
+        if inj.fault is Fault.PS_THROTTLE and any(
+            i.fault is Fault.PS_THROTTLE and i.pod == pod for i in self.injected
+        ):
+            self.skipped.append(f"{inj.fault} on {pod}: throttled already")
+            return
         if any(e.kind == "migration" and e.node == pod for e in list(run.events)):
             # Stage 3 moves this PS to a new pod already; the old one only waits to be retired.
             self.skipped.append(f"{inj.fault} on {pod}: being moved to a new pod")
@@ -405,9 +416,13 @@ ROLLBACK_COVERS_S = 5.0
 def explained(injected: Sequence[Injected], events: Sequence[JobEvent]) -> list[Injected]:
     """The injected faults that no event of the profile accounts for: an event of an expected
     kind naming the pod, at or after the fault (each event accounts for one fault); or, for a
-    fault on a pod, a rollback within ``ROLLBACK_COVERS_S`` after it (a PS lost: every pod of
-    the job was replaced, the faulty one with them, before its own fault could be seen)."""
+    fault on a pod, a rollback or a master SIGKILL within ``ROLLBACK_COVERS_S`` after it (a PS
+    or the master lost: every pod of the job was replaced, the faulty one with them, before its
+    own fault could be seen)."""
     rollbacks = [e.time for e in events if "every PS restored from" in e.detail]
+    # A master SIGKILLed replaces every pod too (they exit without it; the next master starts
+    # new ones): a pod's fault it had no time to see is gone with the pod.
+    rollbacks += [f.at_s for f in injected if f.fault is Fault.MASTER_KILL]
     used: set[int] = set()
     missing = []
     for fault in injected:
@@ -420,6 +435,7 @@ def explained(injected: Sequence[Injected], events: Sequence[JobEvent]) -> list[
                 and e.kind in kinds
                 and (fault.pod is None or e.node == fault.pod)
                 and (fault.pod is not None or "checkpoint" in e.detail)
+                and (fault.fault is not Fault.MASTER_KILL or "master restarted" in e.detail)
                 and e.time >= fault.at_s - 1.0
             ),
             None,
@@ -442,6 +458,8 @@ def run_chaos(
     rows: int,
     out: Path | None = None,
     fill_disk: Callable[[], Callable[[], None]] | None = None,
+    resume: bool = False,
+    progress_file: Path | None = None,
 ) -> tuple[RunResult, ChaosOutcome]:
     """One elastic run of :func:`chaos_spec` with ``schedule`` applied while it trains, its
     output (checkpoints, model, profile) in ``out`` (default ``tmp_path/out``) and its pods'
@@ -466,17 +484,52 @@ def run_chaos(
             base_dir=tmp_path,
             settings=SETTINGS,
             progress=lambda line: None,
+            resume=resume,
         )
         runs.append(run)
         thread = threading.Thread(target=injector, args=(run, backend), daemon=True)
         if schedule:
             thread.start()
+        if progress_file is not None:
+            threading.Thread(
+                target=_report, args=(run, injector, progress_file), daemon=True
+            ).start()
         result = run.run()
     thread.join(timeout=10) if schedule else None
     if injector.error is not None:
         raise injector.error
     outcome = measure(seed, injector, run, result)
     return result, outcome
+
+
+def _report(run: ElasticRun, injector: Injector, path: Path) -> None:
+    """Every 50 ms, what the harness of a master in its own process needs to kill it at a
+    point of progress and to account for its faults after: progress, the master's port, whether
+    a checkpoint is committed, the run clock, and the faults injected so far."""
+    while not hasattr(run, "state"):  # set once the run starts
+        time.sleep(0.02)
+    while True:
+        with run.state.lock:
+            ledger = run.state.ledger
+            done = ledger.rows_done / ledger.total_rows
+        committed = (
+            any(not p.name.endswith(".tmp") for p in run.checkpoint_dir.glob("step-*"))
+            if hasattr(run, "checkpoint_dir")
+            else False
+        )
+        address = getattr(run, "address", None)
+        state = {
+            "done": done,
+            "t": time.monotonic() - run.start if hasattr(run, "start") else 0.0,
+            "port": address[1] if address else None,
+            "committed": committed,
+            "injected": [[str(i.fault), i.pod, i.at_s] for i in injector.injected],
+            "skipped": injector.skipped,
+        }
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state))
+        tmp.replace(path)
+        time.sleep(0.05)
 
 
 def measure(seed: int, injector: Injector, run: ElasticRun, result: RunResult) -> ChaosOutcome:
@@ -498,6 +551,153 @@ def measure(seed: int, injector: Injector, run: ElasticRun, result: RunResult) -
         events=profile.events,
         unexplained=explained(injector.injected, profile.events),
     )
+
+
+# ------------------------------------------------------------------------ master SIGKILL
+
+
+def _trainer_pids(port: int) -> list[int]:
+    """Live trainer processes of the master that listened on ``port`` (from /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        text = [a.decode(errors="replace") for a in args if a]
+        ours = any(f"127.0.0.1:{port}" in a for a in text)
+        if state not in ("Z", "X") and "dlrover_kfp.training.node" in text and ours:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _remove_groups(pid: int) -> None:
+    """rmdir the cgroups a SIGKILLed master's backend left (named after its pid)."""
+    for parent in Path("/sys/fs/cgroup").glob(f"**/dlrover-kfp-{pid}-*"):
+        for leaf in sorted(parent.rglob("*"), key=lambda q: -len(q.parts)):
+            if leaf.is_dir():
+                leaf.rmdir() if not any(leaf.iterdir()) else None
+        with contextlib.suppress(OSError):
+            parent.rmdir()
+
+
+@dataclass
+class MasterKillOutcome:
+    """A run whose master was SIGKILLed and started again: each master's faults, and the last
+    master's outcome over the whole run."""
+
+    outcome: ChaosOutcome
+    succeeded: bool
+    #: seconds the killed master's pods took to notice and exit, per kill
+    orphan_exit_s: list[float]
+
+
+def run_chaos_with_master_kills(
+    seed: int, tmp_path: Path, schedule: Sequence[Injection], *, rows: int
+) -> MasterKillOutcome:
+    """:func:`run_chaos` with the master in a process of its own (``tests.chaos.master_proc``),
+    SIGKILLed at each :attr:`Fault.MASTER_KILL` of ``schedule`` (once a checkpoint is committed
+    and that much progress is made), then started again with ``resume`` on the same output
+    directory, as a user or a pipeline's retry would; the pod faults between two kills are
+    the killed master's to inject."""
+    out = tmp_path / "out"
+    segments: list[tuple[list[Injection], Injection | None]] = []
+    pending: list[Injection] = []
+    for inj in schedule:
+        if inj.fault is Fault.MASTER_KILL:
+            segments.append((pending, inj))
+            pending = []
+        else:
+            pending.append(inj)
+    segments.append((pending, None))
+    injected: list[Injected] = []
+    skipped: list[str] = []
+    orphans: list[float] = []
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    final: dict[str, object] = {}
+    for n, (faults, kill) in enumerate(segments):
+        here = tmp_path / f"master-{n}"
+        here.mkdir(parents=True)
+        progress, result_file = here / "progress.json", here / "outcome.json"
+        args = {
+            "seed": seed,
+            "tmp": str(here),
+            "out": str(out),
+            "rows": rows,
+            "resume": n > 0,
+            "progress": str(progress),
+            "outcome": str(result_file),
+            "schedule": [[i.at, str(i.fault), i.index] for i in faults],
+        }
+        with open(here / "master.log", "wb") as log:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "tests.chaos.master_proc", json.dumps(args)],
+                cwd=root,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            try:
+                if kill is None:
+                    code = child.wait(timeout=600)
+                    assert code == 0, (here / "master.log").read_text()[-4000:]
+                    final = json.loads(result_file.read_text())
+                    break
+                state = _await_progress(child, progress, kill.at, here)
+                child.send_signal(signal.SIGKILL)
+                child.wait(timeout=30)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+        state = json.loads(progress.read_text())
+        injected += [Injected(Fault(k), pod, at) for k, pod, at in state["injected"]]
+        skipped += state["skipped"]
+        injected.append(Injected(Fault.MASTER_KILL, None, float(state["t"])))
+        # Its pods lose it at their next request (workers) or see its connection close (PS).
+        killed_at = time.monotonic()
+        while _trainer_pids(state["port"]) and time.monotonic() < killed_at + 60:
+            time.sleep(0.1)
+        left = _trainer_pids(state["port"])
+        assert not left, f"the killed master's pods {left} kept running"
+        orphans.append(time.monotonic() - killed_at)
+        _remove_groups(child.pid)
+    injected += [Injected(Fault(k), pod, at) for k, pod, at in final["injected"]]  # type: ignore[union-attr]
+    skipped += final["skipped"]  # type: ignore[operator]
+    events = tuple(parse(JobEvent, e, "profile") for e in final["events"])  # type: ignore[union-attr]
+    outcome = ChaosOutcome(
+        seed=seed,
+        injected=injected,
+        skipped=skipped,
+        expected_samples=int(final["expected_samples"]),  # type: ignore[call-overload]
+        samples=int(final["samples"]),  # type: ignore[call-overload]
+        rows_done=int(final["rows_done"]),  # type: ignore[call-overload]
+        total_rows=int(final["total_rows"]),  # type: ignore[call-overload]
+        loss=final["loss"],  # type: ignore[arg-type]
+        events=events,
+        unexplained=explained(injected, events),
+    )
+    return MasterKillOutcome(outcome, bool(final["succeeded"]), orphans)
+
+
+def _await_progress(
+    child: subprocess.Popen[bytes], progress: Path, at: float, here: Path
+) -> dict[str, object]:
+    """Wait until the master in ``child`` has committed a checkpoint and done ``at`` of its
+    rows (a kill before any checkpoint would only start the run over)."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert child.poll() is None, (here / "master.log").read_text()[-4000:]
+        with contextlib.suppress(OSError, ValueError):
+            state: dict[str, object] = json.loads(progress.read_text())
+            if state["committed"] and float(state["done"]) >= at:  # type: ignore[arg-type]
+                return state
+        time.sleep(0.02)
+    raise AssertionError(f"the master did not reach {at:.0%} in 300 s")
 
 
 # ------------------------------------------------------------------------------ full disk

@@ -23,6 +23,7 @@ from tests.chaos.harness import (
     check,
     draw_schedule,
     run_chaos,
+    run_chaos_with_master_kills,
 )
 
 pytestmark = pytest.mark.chaos
@@ -103,3 +104,20 @@ def test_soak(tmp_path: Path, reference_loss: float) -> None:
             failures.append(f"seed {seed}: {exc}")
         print(f"skipped: {outcome.skipped}")
     assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.long  # ~40 s a seed; the master's restart is in the default suite on Kubernetes
+@pytest.mark.parametrize("seed", [5, 22])
+def test_a_master_sigkilled_in_a_schedule_resumes_and_loses_nothing(
+    seed: int, tmp_path: Path, reference_loss: float
+) -> None:
+    """The master in a process of its own, SIGKILLed among pod faults and started again on the
+    same output directory: every row once over both masters, every fault an event (the killed
+    master's since its last checkpoint from its run file's journal)."""
+    _needs_cgroups(tmp_path)
+    schedule = draw_schedule(seed, (*POD_FAULTS, Fault.MASTER_KILL), 4, workers=2, ps=2)
+    assert any(i.fault is Fault.MASTER_KILL for i in schedule), schedule
+    run = run_chaos_with_master_kills(seed, tmp_path, schedule, rows=ROWS)
+    assert run.succeeded, run.outcome.events
+    print(f"the killed master's pods exited in {run.orphan_exit_s} s")
+    check(run.outcome, reference_loss)
