@@ -243,6 +243,7 @@ class StaticRun:
         previous = _unfinished_run(output_dir, spec.name) if resume else None
         #: the events the earlier master journalled in its run file (a resumed run)
         self.journalled: list[JobEvent] = []
+        self._journal_failed = False
         if previous is not None:
             self.journalled = [
                 parse(JobEvent, e, str(output_dir / RUN_FILE), prefix=f"events[{i}].")
@@ -416,7 +417,12 @@ class StaticRun:
                 loss=loss,
             )
         )
-        self._journal()
+        try:
+            self._journal()
+        except UserInputError as exc:  # a full disk, say: the run goes on without its journal
+            if not self._journal_failed:
+                log.warning("%s; a master started again will miss the events since", exc)
+            self._journal_failed = True
         return t, samples, loss_sum
 
     def _journal(self) -> None:
