@@ -556,7 +556,7 @@ def measure(seed: int, injector: Injector, run: ElasticRun, result: RunResult) -
 # ------------------------------------------------------------------------ master SIGKILL
 
 
-def _trainer_pids(port: int) -> list[int]:
+def trainer_pids(port: int) -> list[int]:
     """Live trainer processes of the master that listened on ``port`` (from /proc)."""
     pids = []
     for entry in Path("/proc").iterdir():
@@ -660,9 +660,9 @@ def run_chaos_with_master_kills(
         injected.append(Injected(Fault.MASTER_KILL, None, float(state["t"])))
         # Its pods lose it at their next request (workers) or see its connection close (PS).
         killed_at = time.monotonic()
-        while _trainer_pids(state["port"]) and time.monotonic() < killed_at + 60:
+        while trainer_pids(state["port"]) and time.monotonic() < killed_at + 60:
             time.sleep(0.1)
-        left = _trainer_pids(state["port"])
+        left = trainer_pids(state["port"])
         assert not left, f"the killed master's pods {left} kept running"
         orphans.append(time.monotonic() - killed_at)
         _remove_groups(child.pid)

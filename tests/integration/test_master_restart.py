@@ -23,6 +23,7 @@ from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.job import RunSettings
 from dlrover_kfp.training.data import open_dataset, split_ranges
+from tests.chaos.harness import trainer_pids
 
 JOB = """\
 name: restart
@@ -46,27 +47,6 @@ def _expected_samples() -> int:
     dataset = open_dataset(spec.data, spec.model)
     train, _ = split_ranges(dataset.source_rows, settings.shard_rows, settings.eval_fraction)
     return sum(r.end - r.start for r in train) * spec.training.epochs
-
-
-def _pods_of(master_port: int) -> list[int]:
-    """Live trainer processes that were started by the master listening on ``master_port``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().split()[2]
-        except OSError:
-            continue
-        text = [a.decode(errors="replace") for a in args if a]
-        if (
-            state != "Z"
-            and "dlrover_kfp.training.node" in text
-            and (f"127.0.0.1:{master_port}" in text)
-        ):
-            pids.append(int(entry.name))
-    return pids
 
 
 def kill_after_two_checkpoints(
@@ -108,9 +88,9 @@ def resume_after_the_pods_stop(
     resumed the same run and counted every sample once over both masters (the shards done
     after the checkpoint were taken back with it and trained again). Returns the profile."""
     deadline = time.monotonic() + 30
-    while _pods_of(port) and time.monotonic() < deadline:
+    while trainer_pids(port) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _pods_of(port), "the killed master's pods kept running"
+    assert not trainer_pids(port), "the killed master's pods kept running"
     again = subprocess.run(
         argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
     )
