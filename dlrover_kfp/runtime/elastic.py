@@ -176,8 +176,6 @@ class ElasticRun(StaticRun):
         self.migration: Migration = migration
         #: the pod name of each PS index (a moved PS gets a new pod and name)
         self._ps_pods: dict[int, str] = {k: self._pod_name("ps", k) for k in range(plan.ps.count)}
-        #: the last checkpoint step taken by a PS change (steps must grow)
-        self._switch_step = -1
         #: seconds training was paused by each PS change
         self.ps_pauses: list[float] = []
         #: threads stopping the PS a switch replaced, once their checkpoint is committed
@@ -259,8 +257,9 @@ class ElasticRun(StaticRun):
             before = sum(w.samples for w in state.workers.values())
             self._restore_master(state, choice)
             after = sum(w.samples for w in state.workers.values())
-        self._switch_step = max(self._switch_step, step)
-        self._worker_last.clear()
+        self._checkpoint_step = max(self._checkpoint_step, step)
+        self._checkpoint_trained = state.totals()[1]
+        self._rebase_rates(state, self.clock() - self.start)
         ps = NodeGroup(count=self.ps.count, cpu=decision.cpu, memory_mb=decision.memory_mb)
         self._launch_all(state, ps, self.workers)
         self._starts.append(len(self.samples))
@@ -294,8 +293,13 @@ class ElasticRun(StaticRun):
         self.workers = workers
 
     def _launch_worker(self, index: int, group: NodeGroup) -> None:
-        """(Re)start worker ``index`` at ``group``'s size; a stop of it is no longer ours."""
+        """(Re)start worker ``index`` at ``group``'s size; a stop of it is no longer ours.
+
+        The new pod is not configured until it asks: a PS switch must not wait for it to
+        pause (it cannot; it is given the new PS set once the switch is over)."""
         self._stopping.discard(self._worker_name(index))
+        with self.state.lock:
+            self.state.configured.pop(f"worker-{index}", None)
         self.backend.launch(self._pod("worker", index, group, self.address))
 
     def _relaunch_worker(self, name: str, index: int, decision: Relaunch, t: float) -> None:
@@ -532,18 +536,12 @@ class ElasticRun(StaticRun):
                 self._launch_worker(change.index, target.workers)
         self.workers = target.workers
 
-    def _next_step(self, state: MasterState) -> int:
-        """A checkpoint step for a PS change: the global step, but never one already used (a
-        committed step is not written again, and the new PS restore the newest)."""
-        self._switch_step = max(state.totals()[1], self._switch_step + 1)
-        return self._switch_step
-
     def _restart_with(self, state: MasterState, target: ResourcePlan) -> None:
         """A PS change, stop-and-restart (see the module docstring)."""
         paused = time.monotonic()
         for k in range(self.workers.count):
             self._stop(self._worker_name(k))
-        step = self._next_step(state)
+        step = self._next_checkpoint_step(state)
         self.coordinator.checkpoint(step, extra=self._checkpoint_extra(state))
         self.coordinator.shutdown_ps()
         self._wait_for_terminal(list(self._ps_pods.values()))
@@ -624,7 +622,7 @@ class ElasticRun(StaticRun):
             self.progress(f"{self.run_id}: {name}: {detail}")
         # 3. A checkpoint of the quiescent PS, from which the new ones restore: live, from its
         # snapshot in shared memory, while the old PS persist it behind (they stop after).
-        step = self._next_step(state)
+        step = self._next_checkpoint_step(state)
         old = self.coordinator
         try:
             if live:

@@ -264,6 +264,10 @@ class StaticRun:
         self.events: list[JobEvent] = []
         #: per worker index: (time, samples reported) at its previous runtime sample
         self._worker_last: dict[int, tuple[float, int]] = {}
+        #: the newest step a checkpoint was started as (each step's directory is written once)
+        self._checkpoint_step = -1
+        #: the job's global step when that checkpoint was started
+        self._checkpoint_trained = -1
         #: pods this master stops on purpose (an elastic run's resizes): not failures
         self._stopping: set[str] = set()
         #: the last spec built for each pod name (what its self-reported usage is against)
@@ -442,6 +446,27 @@ class StaticRun:
             + "\n",
         )
 
+    def _rebase_rates(self, state: MasterState, t: float) -> None:
+        """Each worker's rate counts from what it has reported by ``t``: counts restored from
+        a checkpoint (a resumed run, a rollback) were not trained in the next interval."""
+        with state.lock:
+            self._worker_last = {
+                int(index): (t, stats.samples)
+                for name, stats in state.workers.items()
+                for role, _, index in [name.rpartition("-")]
+                if role == "worker" and index.isdigit()
+            }
+
+    def _next_checkpoint_step(self, state: MasterState) -> int:
+        """The step a new checkpoint is written as: the job's global step, but above every
+        step a checkpoint was started as before. Two checkpoints of one step would share one
+        ``step-N.tmp`` directory (a PS switch's old PS and the new ones, say), and after a
+        rollback the global step is below steps already written."""
+        trained = state.totals()[1]
+        self._checkpoint_step = max(trained, self._checkpoint_step + 1)
+        self._checkpoint_trained = trained
+        return self._checkpoint_step
+
     def _worker_rate(self, index: int, per_worker: dict[str, int], t: float) -> float:
         done = per_worker.get(f"worker-{index}", 0)
         t0, s0 = self._worker_last.get(index, (0.0, 0))
@@ -476,6 +501,8 @@ class StaticRun:
             with state.lock:
                 self._restore_master(state, choice)
                 done = sum(w.samples for w in state.workers.values())
+            self._checkpoint_step = choice.step
+            self._checkpoint_trained = state.totals()[1]
             self.events.append(
                 JobEvent(
                     time=round(self._earlier_s, 3),
@@ -526,7 +553,7 @@ class StaticRun:
             )
             self._train(state, start)
             coordinator = self.coordinator
-            self._final_checkpoint(state, state.totals()[1])
+            self._final_checkpoint(state, self._next_checkpoint_step(state))
             coordinator.shutdown_ps()
             self._wait_for_exit(timeout_s=30.0)
             model_dir, metrics = evaluate_and_export(
@@ -614,10 +641,17 @@ class StaticRun:
 
     def _train(self, state: MasterState, start: float) -> None:
         s = self.settings
+        # A resumed run's clock goes on from where the earlier master's left off, so that its
+        # samples, events and plans continue one timeline (t_resumed = t_now - start + earlier).
+        start -= self._earlier_s
         self.start = start
-        last_sample = (0.0, 0, 0.0)
-        next_sample = s.sample_interval_s
-        next_checkpoint = s.checkpoint_interval_s if s.checkpoint_interval_s > 0 else math.inf
+        t0 = self.clock() - start
+        # Rates are over what this master saw: a resumed run's restored counts are not new.
+        trained, _, loss_sum, _ = state.totals()
+        last_sample = (t0, trained, loss_sum)
+        self._rebase_rates(state, t0)
+        next_sample = t0 + s.sample_interval_s
+        next_checkpoint = t0 + s.checkpoint_interval_s if s.checkpoint_interval_s > 0 else math.inf
         total = self.ledger.total_rows
         finished_at: float | None = None  # when the last shard was done
         while True:
@@ -662,11 +696,13 @@ class StaticRun:
             if failure is not None:
                 self._checkpoint_failed(failure, t)
             if t >= next_checkpoint:
-                steps = state.totals()[1]
-                started = self.coordinator.checkpoint(
-                    steps, extra=self._checkpoint_extra(state), wait=False
-                )
-                if started:
+                # Nothing trained since the last one (workers paused, say): nothing to save.
+                fresh = state.totals()[1] != self._checkpoint_trained
+                if fresh and not self.coordinator.busy:
+                    steps = self._next_checkpoint_step(state)
+                    self.coordinator.checkpoint(
+                        steps, extra=self._checkpoint_extra(state), wait=False
+                    )
                     self.progress(f"flash checkpoint of step {steps:,} started")
                 next_checkpoint = t + s.checkpoint_interval_s
 

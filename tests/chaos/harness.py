@@ -163,13 +163,16 @@ PLANNER = PlannerSettings(
 
 
 def chaos_spec(rows: int) -> JobSpec:
+    """The chaos job: 2 workers and 2 PS of half a core, in a quota with a core to spare, so
+    that a PS move starts its new pods beside the old ones (a live switch), as a job with room
+    in its quota would; the reference run has the same quota."""
     text = f"""
 name: chaos
 model: {MODEL}
 data: {{format: synthetic, rows: {rows}, seed: 11}}
 training: {{batch_size: 512, learning_rate: 0.05}}
 resources:
-  limits: {{cpu: 2, memory: 16Gi}}
+  limits: {{cpu: 3, memory: 16Gi}}
   workers: {{count: 2, cpu: 0.5, memory: 1Gi}}
   ps: {{count: 2, cpu: 0.5, memory: 1536Mi}}
 """

@@ -104,6 +104,17 @@ def resume_after_the_pods_stop(
     profile: dict[str, Any] = json.loads((cwd / "out" / "profile.json").read_text())
     restarts = [e for e in profile["events"] if e["detail"].startswith("master restarted")]
     assert len(restarts) == 1, profile["events"]
+    # One timeline across both masters: the resumed master's clock goes on from the run's
+    # start, so its samples come after its restart and the events stay in time order.
+    times = [s["time"] for s in profile["samples"]]
+    assert times and times[0] > restarts[0]["time"], (restarts[0], times[:3])
+    assert times == sorted(times)
+    assert [e["time"] for e in profile["events"]] == sorted(e["time"] for e in profile["events"])
+    # Rates are over what the resumed master trained, not the samples it restored: none
+    # exceeds what the whole run averaged by a wide margin (a restored count over the first
+    # second would, by the samples done before the kill).
+    mean_rate = expected_samples / profile["outcome"]["jct_seconds"]
+    assert max(s["throughput"] for s in profile["samples"]) < 20 * mean_rate
     return profile
 
 
