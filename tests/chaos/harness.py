@@ -272,6 +272,8 @@ class Injector:
     injected: list[Injected] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     error: BaseException | None = None
+    #: pods' main processes given the memory eater
+    _eating: set[int] = field(default_factory=set)
 
     def __call__(self, run: ElasticRun, backend: Pods) -> None:
         try:
@@ -342,12 +344,19 @@ class Injector:
         if pid is None:
             self.skipped.append(f"{inj.fault} on {pod}: not running")
             return
+        if pid in self._eating:
+            # The memory eater takes a second or two to reach the limit: a second fault in
+            # that time ends the same pod, which dies once, with one reason (OOMKilled or
+            # Error, whichever came first) and one event.
+            self.skipped.append(f"{inj.fault} on {pod}: already running out of memory")
+            return
         if inj.fault in (Fault.WORKER_KILL, Fault.PS_KILL):
             os.kill(pid, signal.SIGKILL)
         elif inj.fault is Fault.WORKER_STOP:
             os.kill(pid, signal.SIGSTOP)
         elif inj.fault is Fault.WORKER_MEMORY:
             backend.exec_in(pod, (sys.executable, "-c", EAT_MEMORY))
+            self._eating.add(pid)
         elif inj.fault in (Fault.WORKER_EVICT, Fault.PS_PREEMPT):
             if inj.fault is Fault.WORKER_EVICT:
                 backend.evict(pod)
@@ -414,6 +423,10 @@ class ChaosOutcome:
 #: A rollback this soon after a pod's fault replaced the pod before the fault's own detection
 #: (a frozen worker is seen after 5 s here, an OOM or a kill at once).
 ROLLBACK_COVERS_S = 5.0
+#: ... except a throttled PS, which the starved-PS rule sees only in 2 telling samples after
+#: the samples of a change settle (a PS move under way when it is throttled postpones them by
+#: its own length): a rollback up to 10 s after the throttle replaced it before it could be.
+ROLLBACK_COVERS_THROTTLE_S = 10.0
 
 
 def explained(injected: Sequence[Injected], events: Sequence[JobEvent]) -> list[Injected]:
@@ -444,8 +457,13 @@ def explained(injected: Sequence[Injected], events: Sequence[JobEvent]) -> list[
             None,
         )
         if match is None:
+            covers = (
+                ROLLBACK_COVERS_THROTTLE_S
+                if fault.fault is Fault.PS_THROTTLE
+                else ROLLBACK_COVERS_S
+            )
             if fault.pod is None or not any(
-                fault.at_s - 1.0 <= t <= fault.at_s + ROLLBACK_COVERS_S for t in rollbacks
+                fault.at_s - 1.0 <= t <= fault.at_s + covers for t in rollbacks
             ):
                 missing.append(fault)
         else:
