@@ -367,7 +367,14 @@ class ElasticRun(StaticRun):
                 return  # nothing left to lease: a new shape would only start idle pods
         # Stage 3 first: instability (a memory trend toward a limit, a hot PS, a straggler)
         # is acted on before any resize. It sees the settled samples since the last change.
-        recent = [x for x in settled if x.time >= self.samples[self._starts[-1]].time]
+        # Only the job's own pods: a PS a live move replaced still runs until it has persisted
+        # the move's checkpoint (long, if it was starved), and is no longer the job's to move.
+        current = {*self._ps_pods.values(), *map(self._worker_name, range(self.workers.count))}
+        recent = [
+            dataclasses.replace(x, nodes=tuple(n for n in x.nodes if n.name in current))
+            for x in settled
+            if x.time >= self.samples[self._starts[-1]].time
+        ]
         observed = Instability(
             samples=recent, lease_ages_s=self._lease_ages(state), shard_s=self._shard_s(recent)
         )

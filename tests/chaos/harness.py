@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Protocol
 
 from dlrover_kfp.backends import LocalBackend
+from dlrover_kfp.backends.api import PodPhase, PodStatus
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
@@ -274,6 +275,23 @@ class Injector:
     error: BaseException | None = None
     #: pods' main processes given the memory eater
     _eating: set[int] = field(default_factory=set)
+    #: each memory fault, with the start time of the pod it was exec'd into
+    _eaters: list[tuple[Injected, float | None]] = field(default_factory=list)
+
+    def settle(self, statuses: Sequence[PodStatus]) -> None:
+        """After the run: a memory fault whose pod then finished its work (exit 0, the same
+        pod: its start time) had no effect. The eater shares the pod's CPU quota and takes
+        seconds to reach the limit on a loaded machine; near the job's end the pod can finish
+        first. It is a skipped fault, with that reason, not an injected one."""
+        final = {st.name: st for st in statuses}
+        for fault, started in self._eaters:
+            st = final.get(fault.pod or "")
+            if st is not None and st.started_at == started and st.phase is PodPhase.SUCCEEDED:
+                self.injected.remove(fault)
+                self.skipped.append(
+                    f"{fault.fault} on {fault.pod}: no effect, the pod finished its work "
+                    "(exit 0) before the eater reached its limit"
+                )
 
     def __call__(self, run: ElasticRun, backend: Pods) -> None:
         try:
@@ -310,14 +328,15 @@ class Injector:
         t = time.monotonic() - run.start
         role = "ps" if inj.fault in PS_FAULTS else "worker"
         # The live pod of that role and index (a PS moved or restored has a new name).
-        pod = next(
+        live = next(
             (
-                st.name
+                st
                 for st in run.backend.statuses()
                 if st.role == role and st.index == inj.index and not st.phase.terminal
             ),
-            f"{job}-{role}-{inj.index}",
+            None,
         )
+        pod = live.name if live is not None else f"{job}-{role}-{inj.index}"
         if inj.fault is Fault.DISK_FULL:
             assert self.fill_disk is not None
             free = self.fill_disk()
@@ -357,6 +376,7 @@ class Injector:
         elif inj.fault is Fault.WORKER_MEMORY:
             backend.exec_in(pod, (sys.executable, "-c", EAT_MEMORY))
             self._eating.add(pid)
+            self._eaters.append((Injected(inj.fault, pod, t), live.started_at if live else None))
         elif inj.fault in (Fault.WORKER_EVICT, Fault.PS_PREEMPT):
             if inj.fault is Fault.WORKER_EVICT:
                 backend.evict(pod)
@@ -516,7 +536,8 @@ def run_chaos(
                 target=_report, args=(run, injector, progress_file), daemon=True
             ).start()
         result = run.run()
-    thread.join(timeout=10) if schedule else None
+        thread.join(timeout=10) if schedule else None
+        injector.settle(backend.statuses())
     if injector.error is not None:
         raise injector.error
     outcome = measure(seed, injector, run, result)

@@ -1,14 +1,18 @@
-"""Which workers a PS switch waits for: those configured against the PS set being replaced.
+"""The elastic master's own bookkeeping, on a cluster whose pods run until deleted (no
+processes): which workers a PS switch waits for, and which pods Stage 3 looks at.
 
-The master's own bookkeeping, on a cluster whose pods run until deleted (no processes): a
-worker relaunched before the switch has not asked for its configuration yet, so it cannot
-pause (it is told to wait) and must not be waited for; it gets the new PS set afterwards.
+A worker relaunched before a switch has not asked for its configuration yet, so it cannot pause
+(it is told to wait) and must not be waited for; it gets the new PS set afterwards. A PS that a
+live move replaced runs on until it has persisted the move's checkpoint; it is no longer the
+job's, and Stage 3 must not move it again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +20,7 @@ from dlrover_kfp.backends.api import PodPhase, PodSpec, PodStatus, PodUsage
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
+from dlrover_kfp.core.profile import NodeSample, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime import elastic
 from dlrover_kfp.runtime.elastic import ElasticRun
@@ -131,3 +136,64 @@ def test_a_worker_relaunched_before_it_was_configured_is_not_waited_for(tmp_path
     # Asking during the switch, it is told to wait; afterwards it gets the new PS set.
     run.state.switch = switch
     assert _config(service, 0) == {"wait": True}
+
+
+def _node(name: str, role: str, *, used: float, throttled: float = 0.0) -> NodeSample:
+    return NodeSample(
+        name=name,
+        role=role,  # type: ignore[arg-type]
+        cpu_used=used,
+        cpu_requested=0.5,
+        memory_used_mb=300,
+        memory_requested_mb=1024,
+        throughput=1000.0 if role == "worker" else None,
+        cpu_throttled=throttled,
+    )
+
+
+def _samples(ps_nodes: list[NodeSample]) -> list[RuntimeSample]:
+    """Five samples of steady training: two workers at 1,000 samples/s, ``ps_nodes`` as given."""
+    workers = [_node(f"pause-worker-{k}", "worker", used=0.45) for k in range(2)]
+    return [
+        RuntimeSample(
+            time=float(t),
+            global_step=100 * t,
+            throughput=2000.0,
+            workers=2,
+            ps=2,
+            worker_cpu=0.5,
+            ps_cpu=0.5,
+            nodes=(*workers, *ps_nodes),
+        )
+        for t in range(1, 6)
+    ]
+
+
+def _stage3_actions(tmp_path: Path, ps_nodes: list[NodeSample]) -> list[Any]:
+    """What the master decides after the samples, with PS 0 moved to pod pause-ps-0-g1."""
+    run, _, _ = _run(tmp_path)
+    run.planner = dataclasses.replace(
+        run.planner,
+        post_scale=dataclasses.replace(run.planner.post_scale, starved_ps_samples=2),
+    )
+    run._ps_pods = {0: "pause-ps-0-g1", 1: "pause-ps-1"}
+    run.samples = _samples(ps_nodes)
+    decided: list[Any] = []
+    run._apply_actions = lambda state, plan: decided.append(plan)  # type: ignore[method-assign]
+    run._apply = lambda state, plan: decided.append(plan)  # type: ignore[method-assign]
+    run._decide(run.state, 5.0)
+    return decided
+
+
+def test_stage3_moves_a_starved_ps_of_the_job(tmp_path: Path) -> None:
+    starved = _node("pause-ps-0-g1", "ps", used=0.05, throttled=0.9)
+    decided = _stage3_actions(tmp_path, [starved, _node("pause-ps-1", "ps", used=0.2)])
+    assert [a.kind for d in decided for a in d.actions] == ["migrate_ps"], decided
+
+
+def test_stage3_leaves_alone_a_ps_a_move_replaced(tmp_path: Path) -> None:
+    """The old pod of PS 0, held to a tenth of a core while it persists the move's checkpoint,
+    is starved by the rule's measure; the job's own PS are fine."""
+    retiring = _node("pause-ps-0", "ps", used=0.05, throttled=0.9)
+    job_ps = [_node("pause-ps-0-g1", "ps", used=0.2), _node("pause-ps-1", "ps", used=0.2)]
+    assert _stage3_actions(tmp_path, [retiring, *job_ps]) == []
