@@ -462,6 +462,15 @@ def explained(injected: Sequence[Injected], events: Sequence[JobEvent]) -> list[
     used: set[int] = set()
     missing = []
     for fault in injected:
+        covers = (
+            ROLLBACK_COVERS_THROTTLE_S if fault.fault is Fault.PS_THROTTLE else ROLLBACK_COVERS_S
+        )
+        if fault.pod is not None and any(
+            fault.at_s - 1.0 <= t <= fault.at_s + covers for t in rollbacks
+        ):
+            # Replaced with every pod before its fault was seen: no event of its own is due,
+            # and none is taken from a later fault of the same pod.
+            continue
         kinds = EXPECTED_EVENTS[fault.fault]
         match = next(
             (
@@ -477,15 +486,7 @@ def explained(injected: Sequence[Injected], events: Sequence[JobEvent]) -> list[
             None,
         )
         if match is None:
-            covers = (
-                ROLLBACK_COVERS_THROTTLE_S
-                if fault.fault is Fault.PS_THROTTLE
-                else ROLLBACK_COVERS_S
-            )
-            if fault.pod is None or not any(
-                fault.at_s - 1.0 <= t <= fault.at_s + covers for t in rollbacks
-            ):
-                missing.append(fault)
+            missing.append(fault)
         else:
             used.add(match)
     return missing

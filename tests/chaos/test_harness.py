@@ -49,3 +49,15 @@ def test_a_disk_fault_needs_a_failed_checkpoint() -> None:
     assert explained([disk], [_event(11.0, "failure", None, "PS change abandoned")]) == [disk]
     # A rollback does not cover the disk: it is no pod.
     assert explained([disk], [_event(11.0, "relaunch", "job-ps-0", ROLLBACK)]) == [disk]
+
+
+def test_a_fault_a_rollback_covers_leaves_the_pods_next_event_to_the_next_fault() -> None:
+    """Soak seed 104: worker-0 killed just before a PS's rollback (which replaced it unseen),
+    then killed again; the one failure event of worker-0 is the second kill's."""
+    first = Injected(Fault.WORKER_KILL, "job-worker-0", 14.0)
+    second = Injected(Fault.WORKER_KILL, "job-worker-0", 22.2)
+    events = [
+        _event(15.3, "relaunch", "job-ps-0", ROLLBACK),
+        _event(22.3, "failure", "job-worker-0"),
+    ]
+    assert explained([first, second], events) == []
