@@ -53,7 +53,7 @@ import logging
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -369,14 +369,21 @@ class ElasticRun(StaticRun):
         # is acted on before any resize. It sees the settled samples since the last change.
         # Only the job's own pods: a PS a live move replaced still runs until it has persisted
         # the move's checkpoint (long, if it was starved), and is no longer the job's to move.
-        current = {*self._ps_pods.values(), *map(self._worker_name, range(self.workers.count))}
+        ps_pods = set(self._ps_pods.values())
+        current = {*ps_pods, *map(self._worker_name, range(self.workers.count))}
         recent = [
-            dataclasses.replace(x, nodes=tuple(n for n in x.nodes if n.name in current))
-            for x in settled
-            if x.time >= self.samples[self._starts[-1]].time
+            _only(x, current) for x in settled if x.time >= self.samples[self._starts[-1]].time
         ]
         observed = Instability(
-            samples=recent, lease_ages_s=self._lease_ages(state), shard_s=self._shard_s(recent)
+            samples=recent,
+            lease_ages_s=self._lease_ages(state),
+            shard_s=self._shard_s(recent),
+            # A PS pod's name is its own (a moved or restored PS gets a new one): its samples
+            # since it started are about it alone. The rule reads its last few telling ones.
+            ps_history=[
+                _only(x, ps_pods)
+                for x in settled[-10 * self.planner.post_scale.starved_ps_samples :]
+            ],
         )
         unstable = post_scale(self.ctx, self.plan, observed, t, self.planner)
         if unstable is not None and unstable.actions:
@@ -804,6 +811,11 @@ class ElasticRun(StaticRun):
 
     def _applied_plans(self) -> tuple[AppliedPlan, ...]:
         return tuple(self.plans)
+
+
+def _only(sample: RuntimeSample, pods: Collection[str]) -> RuntimeSample:
+    """``sample`` with the nodes of ``pods`` alone."""
+    return dataclasses.replace(sample, nodes=tuple(n for n in sample.nodes if n.name in pods))
 
 
 __all__ = ["ElasticRun"]

@@ -197,3 +197,20 @@ def test_stage3_leaves_alone_a_ps_a_move_replaced(tmp_path: Path) -> None:
     retiring = _node("pause-ps-0", "ps", used=0.05, throttled=0.9)
     job_ps = [_node("pause-ps-0-g1", "ps", used=0.2), _node("pause-ps-1", "ps", used=0.2)]
     assert _stage3_actions(tmp_path, [retiring, *job_ps]) == []
+
+
+def test_stage3_keeps_a_ps_s_evidence_when_a_worker_is_relaunched(tmp_path: Path) -> None:
+    """Soak seed 102: worker relaunches restarted Stage 3's window again and again, and a PS
+    throttled among them was never judged. The PS is the same pod: its samples still count."""
+    starved = _node("pause-ps-1", "ps", used=0.05, throttled=0.9)
+    run, _, _ = _run(tmp_path)
+    run._ps_pods = {0: "pause-ps-0", 1: "pause-ps-1"}
+    run.samples = _samples([_node("pause-ps-0", "ps", used=0.2), starved])
+    run._starts = [0, 3]  # worker-0 relaunched after the third sample: samples 4-5 settle it
+    decided: list[Any] = []
+    run._apply_actions = lambda state, plan: decided.append(plan)  # type: ignore[method-assign]
+    run._apply = lambda state, plan: decided.append(plan)  # type: ignore[method-assign]
+    run._decide(run.state, 5.0)
+    assert [(a.kind, a.node) for d in decided for a in d.actions] == [
+        ("migrate_ps", "pause-ps-1")
+    ], decided

@@ -136,6 +136,26 @@ def test_starved_ps_needs_consecutive_samples_and_a_throttling_signal() -> None:
     assert decide(samples(S.starved_ps_samples + 2, rare)) is None
 
 
+def test_a_starved_ps_is_judged_on_its_own_samples_across_other_changes() -> None:
+    """A worker relaunched starts a new window of samples; the PS, still the same pod, keeps
+    its evidence: one starved sample in the window and two before it make three."""
+    starved = {"job-ps-0": lambda i: node("job-ps-0", cpu=0.4, throttled=1.0)}
+    history = samples(S.starved_ps_samples, starved)
+    window = history[-1:]
+    now = window[-1].time
+    assert post_scale(CTX, PLAN, Instability(window), now, SETTINGS) is None
+    plan = post_scale(CTX, PLAN, Instability(window, ps_history=history), now, SETTINGS)
+    assert plan is not None
+    assert [(a.kind, a.node) for a in plan.actions] == [("migrate_ps", "job-ps-0")]
+    # The history is for the starved-PS rule alone: a hot PS is still judged on the window.
+    hot = {"job-ps-1": lambda i: node("job-ps-1", cpu=3.6)}
+    hot_history = samples(S.hot_ps_samples, hot)
+    assert (
+        post_scale(CTX, PLAN, Instability(hot_history[-1:], ps_history=hot_history), now, SETTINGS)
+        is None
+    )
+
+
 def test_idle_samples_neither_prove_nor_break_a_starved_ps() -> None:
     # The workers restart in between: the PS idles, unthrottled, which shows nothing of its quota.
     gaps = {

@@ -57,6 +57,11 @@ class Instability:
     lease_ages_s: Mapping[str, float] | None = None
     #: seconds one worker takes for one shard at the job's median speed (None: not known yet)
     shard_s: float | None = None
+    #: the PS pods' samples since each started, across changes that left them running (a
+    #: worker relaunched, another PS moved). The starved-PS rule reads a PS's own quota from
+    #: its own samples, which such a change does not make stale; restarting its count at every
+    #: change would leave a PS starved through a run of other faults. Empty: ``samples``.
+    ps_history: Sequence[RuntimeSample] = ()
 
 
 def _series(samples: Sequence[RuntimeSample]) -> dict[str, list[tuple[float, NodeSample]]]:
@@ -357,7 +362,7 @@ def post_scale(
     take(ooms)
     take(oom_predictions(series, now, s, ctx))
     take(hot_ps(series, s, ctx))
-    take(starved_ps(series, s))
+    take(starved_ps(_series(observed.ps_history) if observed.ps_history else series, s))
     take(hung_workers(observed.lease_ages_s or {}, observed.shard_s, s))
     take(slow_workers(observed.samples, s))
     take(pending_too_long(observed.pending_s or {}, groups, s, ctx))
