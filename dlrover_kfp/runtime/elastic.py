@@ -91,10 +91,11 @@ log = logging.getLogger("dlrover_kfp.elastic")
 #: How a PS change is applied: live (paused only for the switch) or stop-and-restart.
 Migration = Literal["live", "restart"]
 
-#: Seconds the workers get to pause for a PS switch before the stragglers are stopped: ten
-#: times a shard's time at the job's median speed, within these bounds.
+#: Seconds the workers get to pause for a PS switch before the stragglers are stopped:
+#: ``_PAUSE_SHARDS`` times a shard's time at the job's median speed, within these bounds.
 _PAUSE_TIMEOUT_S = 20.0
-_PAUSE_MIN_S = 5.0
+_PAUSE_MIN_S = 3.0
+_PAUSE_SHARDS = 4
 
 
 #: How the backend's reasons map to the relaunch policy's causes.
@@ -771,10 +772,11 @@ class ElasticRun(StaticRun):
 
         A worker Stage 3 found slow since the last change is not waited for (a frozen one
         would hold the switch for the whole timeout): it is among the pods returned."""
-        # A worker pauses after its current step: far less than a shard takes, so ten shards'
-        # time (at least _PAUSE_MIN_S) is ample, and a frozen one does not hold the job long.
+        # A worker pauses once its current shard is done and reported: within one shard's time
+        # at the median speed, two at half of it (the straggler rule's line). Four shards' time
+        # (at least _PAUSE_MIN_S) leaves room for that, and a frozen one holds the job little.
         shard_s = self._shard_s(self.samples[-5:])
-        timeout = _PAUSE_TIMEOUT_S if shard_s is None else 10 * shard_s
+        timeout = _PAUSE_TIMEOUT_S if shard_s is None else _PAUSE_SHARDS * shard_s
         deadline = time.monotonic() + min(_PAUSE_TIMEOUT_S, max(_PAUSE_MIN_S, timeout))
         slow = {name for name, w in self._reassigned.items() if w == len(self._starts)}
         while True:
