@@ -169,48 +169,68 @@ def _samples(ps_nodes: list[NodeSample]) -> list[RuntimeSample]:
     ]
 
 
-def _stage3_actions(tmp_path: Path, ps_nodes: list[NodeSample]) -> list[Any]:
-    """What the master decides after the samples, with PS 0 moved to pod pause-ps-0-g1."""
+def _stage3_actions(
+    tmp_path: Path,
+    ps_pods: dict[int, str],
+    ps_nodes: list[NodeSample],
+    *,
+    starts: list[int] | None = None,
+    starved_samples: int = 2,
+) -> list[Any]:
+    """What the master decides after five samples, its PS at ``ps_pods`` (``starts``: where
+    pods were started, the job's start first)."""
     run, _, _ = _run(tmp_path)
     run.planner = dataclasses.replace(
         run.planner,
-        post_scale=dataclasses.replace(run.planner.post_scale, starved_ps_samples=2),
+        post_scale=dataclasses.replace(run.planner.post_scale, starved_ps_samples=starved_samples),
     )
-    run._ps_pods = {0: "pause-ps-0-g1", 1: "pause-ps-1"}
+    run._ps_pods = ps_pods
     run.samples = _samples(ps_nodes)
+    run._starts = starts or [0]
     decided: list[Any] = []
     run._apply_actions = lambda state, plan: decided.append(plan)  # type: ignore[method-assign]
     run._apply = lambda state, plan: decided.append(plan)  # type: ignore[method-assign]
     run._decide(run.state, 5.0)
-    return decided
+    return [(a.kind, a.node) for d in decided for a in d.actions]
+
+
+#: PS 0 was moved to a new pod; PS 1 kept its own.
+MOVED = {0: "pause-ps-0-g1", 1: "pause-ps-1"}
 
 
 def test_stage3_moves_a_starved_ps_of_the_job(tmp_path: Path) -> None:
     starved = _node("pause-ps-0-g1", "ps", used=0.05, throttled=0.9)
-    decided = _stage3_actions(tmp_path, [starved, _node("pause-ps-1", "ps", used=0.2)])
-    assert [a.kind for d in decided for a in d.actions] == ["migrate_ps"], decided
+    decided = _stage3_actions(tmp_path, MOVED, [starved, _node("pause-ps-1", "ps", used=0.2)])
+    assert decided == [("migrate_ps", "pause-ps-0-g1")]
 
 
 def test_stage3_leaves_alone_a_ps_a_move_replaced(tmp_path: Path) -> None:
     """The old pod of PS 0, held to a tenth of a core while it persists the move's checkpoint,
     is starved by the rule's measure; the job's own PS are fine."""
-    retiring = _node("pause-ps-0", "ps", used=0.05, throttled=0.9)
     job_ps = [_node("pause-ps-0-g1", "ps", used=0.2), _node("pause-ps-1", "ps", used=0.2)]
-    assert _stage3_actions(tmp_path, [retiring, *job_ps]) == []
+    starved = _node("pause-ps-0", "ps", used=0.05, throttled=0.9)
+    assert _stage3_actions(tmp_path, MOVED, [starved, *job_ps]) == []
+    # Nor is it hot when it persists at its whole request: not the job's to move.
+    hot = _node("pause-ps-0", "ps", used=0.5)
+    assert _stage3_actions(tmp_path / "hot", MOVED, [hot, *job_ps]) == []
+    assert (
+        _stage3_actions(
+            tmp_path / "own", MOVED, [_node("pause-ps-0-g1", "ps", used=0.5), job_ps[1]]
+        )
+        != []
+    )
 
 
 def test_stage3_keeps_a_ps_s_evidence_when_a_worker_is_relaunched(tmp_path: Path) -> None:
     """Soak seed 102: worker relaunches restarted Stage 3's window again and again, and a PS
-    throttled among them was never judged. The PS is the same pod: its samples still count."""
+    throttled among them was never judged. The PS is the same pod: its samples still count
+    (worker-0 relaunched after the third sample; samples 4-5 settle it)."""
     starved = _node("pause-ps-1", "ps", used=0.05, throttled=0.9)
-    run, _, _ = _run(tmp_path)
-    run._ps_pods = {0: "pause-ps-0", 1: "pause-ps-1"}
-    run.samples = _samples([_node("pause-ps-0", "ps", used=0.2), starved])
-    run._starts = [0, 3]  # worker-0 relaunched after the third sample: samples 4-5 settle it
-    decided: list[Any] = []
-    run._apply_actions = lambda state, plan: decided.append(plan)  # type: ignore[method-assign]
-    run._apply = lambda state, plan: decided.append(plan)  # type: ignore[method-assign]
-    run._decide(run.state, 5.0)
-    assert [(a.kind, a.node) for d in decided for a in d.actions] == [
-        ("migrate_ps", "pause-ps-1")
-    ], decided
+    decided = _stage3_actions(
+        tmp_path,
+        {0: "pause-ps-0", 1: "pause-ps-1"},
+        [_node("pause-ps-0", "ps", used=0.2), starved],
+        starts=[0, 3],
+        starved_samples=3,
+    )
+    assert decided == [("migrate_ps", "pause-ps-1")]
