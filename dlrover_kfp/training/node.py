@@ -58,8 +58,18 @@ log = logging.getLogger("dlrover_kfp.node")
 
 #: How long a starting process keeps trying to reach the master or a PS (they start in any order).
 CONNECT_RETRY_S = 120.0
+#: How long it keeps trying one that refuses the connection. The master launches pods only once
+#: it listens, and gives out a PS's address only once it serves, so a refusal means the peer has
+#: gone (a master killed while this pod started); the pod then exits as its master's pods do,
+#: instead of waiting out CONNECT_RETRY_S.
+CONNECT_REFUSED_S = 10.0
 #: Environment variable that overrides the torch intra-op thread count (see torch_threads).
 THREADS_ENV = "DLROVER_KFP_TORCH_THREADS"
+
+
+def _reach(address: tuple[str, int], secret: bytes) -> Connection:
+    """A connection to the master or a PS, retried as CONNECT_RETRY_S and CONNECT_REFUSED_S say."""
+    return connect(address, secret, retry_for=CONNECT_RETRY_S, refused_for=CONNECT_REFUSED_S)
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -263,7 +273,7 @@ def _batches(
 def _connect_ps(config: dict[str, Any], secret: bytes, synchronous: bool) -> RemotePs:
     """Connections to the PS the master's configuration names, in PS-index order."""
     return RemotePs(
-        [connect((str(h), int(p)), secret, retry_for=CONNECT_RETRY_S) for h, p in config["ps"]],
+        [_reach((str(h), int(p)), secret) for h, p in config["ps"]],
         synchronous=synchronous,
     )
 
@@ -272,13 +282,13 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
     name = f"worker-{index}"
     # This process's own lease holder id (see runtime/master.py): a relaunch gets a new one.
     incarnation = f"{os.getpid()}-{secrets.token_hex(4)}"
-    master = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
+    master = _reach(master_address, secret)
     config = fetch_config(master, "worker", index)
     spec = job_spec(config)
     synchronous = bool(config["synchronous"])
     servers = _connect_ps(config, secret, synchronous)
     model = WorkerModel(spec.model, servers, seed=int(config["seed"]))
-    lease_conn = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
+    lease_conn = _reach(master_address, secret)
     work: queue.Queue[_Item] = queue.Queue(maxsize=1)
     notice = _SwitchNotice()
     generation = int(config.get("generation", 0))
@@ -372,7 +382,7 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
 
 
 def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generation: int = 0) -> None:
-    master = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
+    master = _reach(master_address, secret)
     config = fetch_config(master, "ps", index, generation)
     host = advertise_host(master_address[0])
 
@@ -438,7 +448,7 @@ def report_usage(
     until the master goes away. A backend whose cluster has no metrics API (no metrics-server)
     samples pods from these reports; where the backend measures pods itself they are unused."""
     try:
-        conn = connect(master_address, secret, retry_for=CONNECT_RETRY_S)
+        conn = _reach(master_address, secret)
     except Exception:  # no master to report to: the main thread will say so
         return
     try:

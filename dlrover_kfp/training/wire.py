@@ -891,6 +891,7 @@ def connect(
     *,
     timeout: float | None = 30.0,
     retry_for: float = 0.0,
+    refused_for: float | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> Connection:
     """Connect to a :class:`Server`, authenticate both ways, and return the connection.
@@ -898,20 +899,32 @@ def connect(
     ``timeout`` bounds the TCP connect, the handshake and later each send and receive (None:
     wait forever). ``retry_for`` keeps retrying failed TCP connects (refused, unreachable, not
     yet resolvable on Kubernetes) for that many seconds, because the job's processes start in
-    any order; then :class:`PeerUnavailableError` names the address. Authentication failures
-    are not retried: a wrong secret stays wrong.
+    any order; then :class:`PeerUnavailableError` names the address. ``refused_for`` (at most
+    ``retry_for``; None: the same) is how long a peer that refuses the connection is retried:
+    a host that answers with a refusal has nothing listening on that port, which for a peer
+    that is known to have been listening means it is gone, not slow to start. Authentication
+    failures are not retried: a wrong secret stays wrong.
     """
     key = _Key(secret)
     limit = _check_limit(max_message_bytes)
     where = _format_address(address)
-    deadline = time.monotonic() + max(retry_for, 0.0)
+    began = time.monotonic()
+    deadline = began + max(retry_for, 0.0)
+    refused_deadline = (
+        deadline if refused_for is None else min(deadline, began + max(refused_for, 0.0))
+    )
     delay = 0.02
     while True:
         try:
             sock = socket.create_connection(address, timeout=timeout)
             break
         except OSError as exc:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
+            if isinstance(exc, ConnectionRefusedError) and now >= refused_deadline:
+                raise PeerUnavailableError(
+                    f"cannot connect to {where}: refused for {now - began:.1f}s: {exc}"
+                ) from None
             if left <= 0:
                 raise PeerUnavailableError(f"cannot connect to {where}: {exc}") from None
             time.sleep(min(delay, left))

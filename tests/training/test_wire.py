@@ -721,6 +721,17 @@ def test_connect_gives_up_naming_the_address() -> None:
     assert 0.3 <= time.monotonic() - t0 < 1.5
 
 
+def test_a_peer_that_refuses_is_given_up_after_refused_for_not_retry_for() -> None:
+    """A refusal means nothing listens there: a pod whose master was killed while it started
+    exits after ``refused_for``, not after the long ``retry_for`` meant for a slow start."""
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(PeerUnavailableError, match=f"127.0.0.1:{port}: refused for") as info:
+        connect(("127.0.0.1", port), SECRET, retry_for=60.0, refused_for=0.3)
+    assert isinstance(info.value, TransientError)
+    assert 0.3 <= time.monotonic() - t0 < 1.5
+
+
 def test_server_address_reports_the_chosen_port() -> None:
     with serving() as server:
         host, port = server.address
