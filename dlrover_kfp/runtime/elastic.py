@@ -85,6 +85,7 @@ from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.job import JobFailedError, Progress, RunSettings, StaticRun
 from dlrover_kfp.runtime.master import MasterState, PsSwitch
 from dlrover_kfp.training import checkpoint as ckpt
+from dlrover_kfp.training.master_protocol import USAGE_INTERVAL_S
 
 log = logging.getLogger("dlrover_kfp.elastic")
 
@@ -96,6 +97,10 @@ Migration = Literal["live", "restart"]
 _PAUSE_TIMEOUT_S = 20.0
 _PAUSE_MIN_S = 3.0
 _PAUSE_SHARDS = 4
+#: A worker that has not reported its usage for this long is frozen (SIGSTOPped, its node
+#: hung): a switch does not wait for it. Two and a half report intervals leave room for one
+#: late report of a busy process, whose reporting thread needs the GIL only briefly.
+_SILENT_S = 2.5 * USAGE_INTERVAL_S
 
 
 #: How the backend's reasons map to the relaunch policy's causes.
@@ -301,6 +306,8 @@ class ElasticRun(StaticRun):
         self._stopping.discard(self._worker_name(index))
         with self.state.lock:
             self.state.configured.pop(f"worker-{index}", None)
+            # Its predecessor's reports say nothing about whether the new pod is frozen.
+            self.state.usage.pop(("worker", index, 0), None)
         self.backend.launch(self._pod("worker", index, group, self.address))
 
     def _relaunch_worker(self, name: str, index: int, decision: Relaunch, t: float) -> None:
@@ -629,10 +636,14 @@ class ElasticRun(StaticRun):
         with state.lock:
             switch.pausing = True
         unready = self._await_pause(state, switch)
-        for name in unready:
+        for name, silent_s in unready.items():
             self._stop(name)
             t = round(self.clock() - self.start, 3)
-            detail = "did not pause for the PS switch: stopped, its shards back to the queue"
+            detail = (
+                "did not pause for the PS switch"
+                + ("" if silent_s is None else f" (silent for {silent_s:.1f}s: frozen)")
+                + ": stopped, its shards back to the queue"
+            )
             self.events.append(JobEvent(time=t, kind="straggler", node=name, detail=detail))
             self.progress(f"{self.run_id}: {name}: {detail}")
         # 3. A checkpoint of the quiescent PS, from which the new ones restore: live, from its
@@ -767,11 +778,13 @@ class ElasticRun(StaticRun):
         )
         self.progress(f"{self.run_id}: PS change abandoned: {reason}")
 
-    def _await_pause(self, state: MasterState, switch: PsSwitch) -> list[str]:
-        """Wait until every running, configured worker has paused; the pods that did not.
+    def _await_pause(self, state: MasterState, switch: PsSwitch) -> dict[str, float | None]:
+        """Wait until every running, configured worker has paused; the pods that did not, each
+        with how long it had been silent if it was frozen (None: it was not).
 
-        A worker Stage 3 found slow since the last change is not waited for (a frozen one
-        would hold the switch for the whole timeout): it is among the pods returned."""
+        A frozen worker would hold the switch for the whole timeout, so neither a worker Stage
+        3 found slow since the last change nor one that stopped reporting its usage for
+        _SILENT_S is waited for: they are among the pods returned."""
         # A worker pauses once its current shard is done and reported: within one shard's time
         # at the median speed, two at half of it (the straggler rule's line). Four shards' time
         # (at least _PAUSE_MIN_S) leaves room for that, and a frozen one holds the job little.
@@ -792,11 +805,23 @@ class ElasticRun(StaticRun):
                     if f"worker-{s.index}" in state.configured
                     and f"worker-{s.index}" not in switch.ready
                 ]
-            if set(waiting) <= slow or time.monotonic() > deadline:
-                return waiting
+            silent = self._silent(state, running)
+            if set(waiting) <= slow | silent.keys() or time.monotonic() > deadline:
+                return {name: silent.get(name) for name in waiting}
             time.sleep(0.005)
 
-    def _relaunch_workers(self, names: Sequence[str]) -> None:
+    def _silent(self, state: MasterState, pods: Sequence[PodStatus]) -> dict[str, float]:
+        """The worker pods of ``pods`` that have not reported their usage for _SILENT_S: how
+        long. A pod that has not reported yet is not judged (it may still be starting)."""
+        now = self.clock()
+        out = {}
+        for pod in pods:
+            heard = state.last_heard("worker", pod.index)
+            if heard is not None and now - heard > _SILENT_S:
+                out[pod.name] = now - heard
+        return out
+
+    def _relaunch_workers(self, names: Collection[str]) -> None:
         for name in names:
             self._launch_worker(int(name.rsplit("-", 1)[1]), self.workers)
 

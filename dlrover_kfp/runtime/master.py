@@ -181,6 +181,12 @@ class MasterState:
                     out[key] = (max(0.0, (c2 - c1) / (t2 - t1)), rss)
         return out
 
+    def last_heard(self, role: str, index: int, generation: int = 0) -> float | None:
+        """When (master clock) the pod last reported its usage; None if it has not yet."""
+        with self.lock:
+            readings = self.usage.get((role, index, generation))
+            return readings[-1][0] if readings else None
+
     def committed(self) -> dict[str, Any]:
         """What goes with a checkpoint (its ``extra``): the shard ledger and what each worker
         has reported, taken together, so that a restore resumes both where the restored

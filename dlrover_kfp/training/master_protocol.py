@@ -26,9 +26,22 @@ READY = "ready"
 #: since the process started, resident memory now, both over the pod's process tree.
 USAGE = "usage"
 
+#: Seconds between two ``usage`` reports of a pod. They come from a thread of their own, so a
+#: pod that stays silent for a few intervals is frozen (stopped, or its node gone), not busy.
+USAGE_INTERVAL_S = 2.0
+
 #: In the answer to ``get_shard`` and ``report`` while the master changes the PS set (a live
 #: migration): ``{"switch": g}`` asks the worker to finish its step, wait for its pushes,
 #: report, send ``ready`` and fetch the configuration again (which names the new PS).
 SWITCH = "switch"
 
-__all__ = ["CONFIG", "GET_SHARD", "READY", "REGISTER", "REPORT", "SWITCH", "USAGE"]
+__all__ = [
+    "CONFIG",
+    "GET_SHARD",
+    "READY",
+    "REGISTER",
+    "REPORT",
+    "SWITCH",
+    "USAGE",
+    "USAGE_INTERVAL_S",
+]

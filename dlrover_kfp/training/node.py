@@ -43,6 +43,7 @@ from dlrover_kfp.training.master_protocol import (
     REPORT,
     SWITCH,
     USAGE,
+    USAGE_INTERVAL_S,
 )
 from dlrover_kfp.training.ps_client import RemotePs
 from dlrover_kfp.training.step import Routed, WorkerModel
@@ -413,10 +414,6 @@ def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generatio
         index, config, secret, register, bind_host=host, on_serving=stop_with_the_master
     )
     master.close()
-
-
-#: Seconds between a pod's reports of its own usage to the master.
-USAGE_INTERVAL_S = 2.0
 
 
 def own_usage() -> tuple[float, float]:

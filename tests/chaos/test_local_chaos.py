@@ -79,11 +79,12 @@ def test_a_full_disk_fails_a_checkpoint_and_the_previous_one_restores(
     finally:
         disk.__exit__()
     assert result.succeeded, (result.profile.outcome.reason, result.profile.events)
+    why = (outcome.events, outcome.injected, outcome.skipped)
     failed = [e for e in outcome.events if e.kind == "failure" and "checkpoint" in e.detail]
-    assert failed and "No space left on device" in failed[0].detail, outcome.events
+    assert failed and "No space left on device" in failed[0].detail, why
     assert "stays the one to restore" in failed[0].detail
     restored = [e for e in outcome.events if "restored from the checkpoint of step" in e.detail]
-    assert restored, outcome.events
+    assert restored, why
     check(outcome, reference_loss)
 
 

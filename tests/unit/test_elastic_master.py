@@ -121,7 +121,48 @@ def test_a_switch_waits_for_a_configured_worker_until_it_pauses(tmp_path: Path) 
     started = time.monotonic()
     waiting = run._await_pause(run.state, switch)
     # worker-0 never paused: the switch gave up on it after its timeout, and names it.
-    assert waiting == [run._worker_name(0)]
+    assert waiting == {run._worker_name(0): None}
+    assert time.monotonic() - started >= 0.9
+
+
+def _reported(run: ElasticRun, index: int, ago_s: float) -> None:
+    """Worker ``index`` last reported its usage ``ago_s`` seconds ago (master clock)."""
+    run.state.usage[("worker", index, 0)] = [(run.clock() - ago_s, 12.0, 300.0)]
+
+
+def test_a_worker_silent_for_a_few_report_intervals_is_frozen_and_not_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGSTOPped worker cannot pause and stops reporting: the switch goes on without it
+    (it is stopped and relaunched) instead of waiting out its timeout."""
+    monkeypatch.setattr(elastic, "_PAUSE_TIMEOUT_S", 20.0)
+    run, _, _ = _run(tmp_path)
+    _reported(run, 0, elastic._SILENT_S + 1.0)
+    _reported(run, 1, 0.5)
+    switch = _switch()
+    switch.ready.add("worker-1")
+    started = time.monotonic()
+    waiting = run._await_pause(run.state, switch)
+    assert time.monotonic() - started < 0.5
+    assert list(waiting) == [run._worker_name(0)]
+    assert waiting[run._worker_name(0)] == pytest.approx(elastic._SILENT_S + 1.0, abs=0.5)
+
+
+@pytest.mark.parametrize("relaunched", [False, True])
+def test_a_worker_heard_from_lately_or_not_yet_is_waited_for(
+    tmp_path: Path, relaunched: bool
+) -> None:
+    """A worker that still reports is busy, not frozen; a relaunched one has not reported yet
+    (its predecessor's silence is not its own)."""
+    run, service, _ = _run(tmp_path)
+    _reported(run, 0, elastic._SILENT_S + 1.0 if relaunched else 0.5)
+    if relaunched:
+        run._launch_worker(0, run.workers)
+        _config(service, 0)
+    switch = _switch()
+    switch.ready.add("worker-1")
+    started = time.monotonic()
+    assert run._await_pause(run.state, switch) == {run._worker_name(0): None}
     assert time.monotonic() - started >= 0.9
 
 
@@ -131,7 +172,7 @@ def test_a_worker_relaunched_before_it_was_configured_is_not_waited_for(tmp_path
     switch = _switch()
     switch.ready.add("worker-1")
     started = time.monotonic()
-    assert run._await_pause(run.state, switch) == []
+    assert run._await_pause(run.state, switch) == {}
     assert time.monotonic() - started < 0.5
     # Asking during the switch, it is told to wait; afterwards it gets the new PS set.
     run.state.switch = switch
