@@ -41,7 +41,7 @@ from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.planner.settings import NodeLimits
-from dlrover_kfp.core.profile import JobEvent, JobProfile
+from dlrover_kfp.core.profile import JobEvent, JobProfile, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.elastic import ElasticRun
 from dlrover_kfp.runtime.job import RunResult, RunSettings
@@ -136,7 +136,7 @@ def draw_schedule(
 
 
 #: The latest point of progress at which a fault is injected, where a later one could outlast
-#: the job before it is seen: a starved PS is judged over ``starved_ps_samples`` (3) settled
+#: the job before it is seen: a starved PS is judged over ``starved_ps_samples`` (2) settled
 #: samples of a busy PS, which a relaunch elsewhere in the job restarts.
 LATEST = {Fault.PS_THROTTLE: 0.5}
 
@@ -417,6 +417,8 @@ class ChaosOutcome:
     loss: float | None
     events: tuple[JobEvent, ...]
     unexplained: list[Injected]
+    #: the profile's samples
+    timeline: tuple[RuntimeSample, ...] = ()
 
     @property
     def samples_lost(self) -> int:
@@ -443,31 +445,61 @@ class ChaosOutcome:
 #: A rollback this soon after a pod's fault replaced the pod before the fault's own detection
 #: (a frozen worker is seen after 5 s here, an OOM or a kill at once).
 ROLLBACK_COVERS_S = 5.0
-#: ... except a throttled PS, which the starved-PS rule sees only in 2 telling samples after
-#: the samples of a change settle (a PS move under way when it is throttled postpones them by
-#: its own length): a rollback up to 10 s after the throttle replaced it before it could be.
-ROLLBACK_COVERS_THROTTLE_S = 10.0
+#: ... except a throttled PS, which the starved-PS rule sees only in samples of training (an
+#: idle PS is never throttled, and the master takes no samples while it moves a PS): one
+#: partial sample after the throttle, ``starved_ps_samples`` telling ones, and one more that a
+#: change in between leaves out. A rollback before the master had that many samples of training
+#: with the throttled PS in them replaced it before it could be seen.
+THROTTLE_SEEN_AFTER = PLANNER.post_scale.starved_ps_samples + 2
+#: A master SIGKILLed takes its samples since its last checkpoint with it, so for it the
+#: bound is in time: the samples above take 6-10 s when no PS move comes between.
+MASTER_KILL_COVERS_THROTTLE_S = 10.0
 
 
-def explained(injected: Sequence[Injected], events: Sequence[JobEvent]) -> list[Injected]:
+def _training_samples(
+    timeline: Sequence[RuntimeSample], pod: str, after: float, until: float
+) -> int:
+    """Samples in (after, until] in which the job trained and ``pod`` was among the nodes."""
+    return sum(
+        1
+        for x in timeline
+        if after < x.time <= until and x.throughput > 0 and any(n.name == pod for n in x.nodes)
+    )
+
+
+def explained(
+    injected: Sequence[Injected],
+    events: Sequence[JobEvent],
+    timeline: Sequence[RuntimeSample] = (),
+) -> list[Injected]:
     """The injected faults that no event of the profile accounts for: an event of an expected
     kind naming the pod, at or after the fault (each event accounts for one fault); or, for a
-    fault on a pod, a rollback or a master SIGKILL within ``ROLLBACK_COVERS_S`` after it (a PS
-    or the master lost: every pod of the job was replaced, the faulty one with them, before its
-    own fault could be seen)."""
+    fault on a pod, a rollback or a master SIGKILL soon after it (a PS or the master lost:
+    every pod of the job was replaced, the faulty one with them, before its own fault could be
+    seen): within ``ROLLBACK_COVERS_S``, or for a throttled PS before ``THROTTLE_SEEN_AFTER``
+    samples of ``timeline`` trained with it."""
     rollbacks = [e.time for e in events if "every PS restored from" in e.detail]
     # A master SIGKILLed replaces every pod too (they exit without it; the next master starts
     # new ones): a pod's fault it had no time to see is gone with the pod.
-    rollbacks += [f.at_s for f in injected if f.fault is Fault.MASTER_KILL]
+    kills = [f.at_s for f in injected if f.fault is Fault.MASTER_KILL]
     used: set[int] = set()
     missing = []
     for fault in injected:
-        covers = (
-            ROLLBACK_COVERS_THROTTLE_S if fault.fault is Fault.PS_THROTTLE else ROLLBACK_COVERS_S
-        )
-        if fault.pod is not None and any(
-            fault.at_s - 1.0 <= t <= fault.at_s + covers for t in rollbacks
-        ):
+        pod = fault.pod
+        if pod is not None and fault.fault is Fault.PS_THROTTLE:
+            covered = any(
+                t >= fault.at_s - 1.0
+                and _training_samples(timeline, pod, fault.at_s, t) < THROTTLE_SEEN_AFTER
+                for t in rollbacks
+            ) or any(
+                fault.at_s - 1.0 <= t <= fault.at_s + MASTER_KILL_COVERS_THROTTLE_S for t in kills
+            )
+        else:
+            covered = pod is not None and any(
+                fault.at_s - 1.0 <= t <= fault.at_s + ROLLBACK_COVERS_S
+                for t in [*rollbacks, *kills]
+            )
+        if covered:
             # Replaced with every pod before its fault was seen: no event of its own is due,
             # and none is taken from a later fault of the same pod.
             continue
@@ -592,7 +624,8 @@ def measure(seed: int, injector: Injector, run: ElasticRun, result: RunResult) -
         total_rows=total_rows,
         loss=profile.metrics.loss,
         events=profile.events,
-        unexplained=explained(injector.injected, profile.events),
+        timeline=profile.samples,
+        unexplained=explained(injector.injected, profile.events, profile.samples),
     )
 
 
@@ -712,6 +745,7 @@ def run_chaos_with_master_kills(
     injected += [Injected(Fault(k), pod, at) for k, pod, at in final["injected"]]  # type: ignore[union-attr]
     skipped += final["skipped"]  # type: ignore[operator]
     events = tuple(parse(JobEvent, e, "profile") for e in final["events"])  # type: ignore[union-attr]
+    timeline = tuple(parse(RuntimeSample, x, "profile") for x in final["timeline"])  # type: ignore[union-attr]
     outcome = ChaosOutcome(
         seed=seed,
         injected=injected,
@@ -722,7 +756,8 @@ def run_chaos_with_master_kills(
         total_rows=int(final["total_rows"]),  # type: ignore[call-overload]
         loss=final["loss"],  # type: ignore[arg-type]
         events=events,
-        unexplained=explained(injected, events),
+        timeline=timeline,
+        unexplained=explained(injected, events, timeline),
     )
     return MasterKillOutcome(outcome, bool(final["succeeded"]), orphans)
 

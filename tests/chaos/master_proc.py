@@ -31,6 +31,7 @@ def main(argv: list[str]) -> int:
     fields = dataclasses.asdict(outcome)
     fields["injected"] = [[str(i.fault), i.pod, i.at_s] for i in outcome.injected]
     fields["events"] = [to_dict(e) for e in outcome.events]
+    fields["timeline"] = [to_dict(x) for x in outcome.timeline]
     fields["unexplained"] = []
     fields["succeeded"] = result.succeeded
     Path(args["outcome"]).write_text(json.dumps(fields))

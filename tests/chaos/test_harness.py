@@ -6,8 +6,8 @@ rule down on hand-made timelines.
 
 from __future__ import annotations
 
-from dlrover_kfp.core.profile import JobEvent
-from tests.chaos.harness import Fault, Injected, explained
+from dlrover_kfp.core.profile import JobEvent, NodeSample, RuntimeSample
+from tests.chaos.harness import THROTTLE_SEEN_AFTER, Fault, Injected, explained
 
 ROLLBACK = "relaunched as it was: every PS restored from the checkpoint of step 100"
 
@@ -36,10 +36,63 @@ def test_a_rollback_soon_after_covers_a_pod_fault_it_replaced() -> None:
     stop = Injected(Fault.WORKER_STOP, "job-worker-0", 10.0)
     assert explained([stop], [_event(14.0, "relaunch", "job-ps-0", ROLLBACK)]) == []
     assert explained([stop], [_event(16.0, "relaunch", "job-ps-0", ROLLBACK)]) == [stop]
-    # A throttle takes longer to see (telling samples after a change settles): 10 s.
+
+
+def _sample(t: float, throughput: float, pods: tuple[str, ...]) -> RuntimeSample:
+    nodes = tuple(
+        NodeSample(
+            name=pod,
+            role="ps",
+            cpu_used=0.05,
+            cpu_requested=0.5,
+            memory_used_mb=300,
+            memory_requested_mb=1024,
+            cpu_throttled=0.9,
+        )
+        for pod in pods
+    )
+    return RuntimeSample(
+        time=t,
+        global_step=0,
+        throughput=throughput,
+        workers=2,
+        ps=2,
+        worker_cpu=0.5,
+        ps_cpu=0.5,
+        nodes=nodes,
+    )
+
+
+def test_a_rollback_covers_a_throttle_until_the_master_had_samples_enough_to_see_it() -> None:
+    """The starved-PS rule sees a throttle only in samples of training with that PS in them:
+    a rollback after fewer of them replaced it unseen, one after more did not."""
     throttle = Injected(Fault.PS_THROTTLE, "job-ps-1", 10.0)
-    assert explained([throttle], [_event(16.0, "relaunch", "job-ps-0", ROLLBACK)]) == []
-    assert explained([throttle], [_event(21.0, "relaunch", "job-ps-0", ROLLBACK)]) == [throttle]
+    rollback = [_event(21.0, "relaunch", "job-ps-0", ROLLBACK)]
+    busy = [_sample(10.0 + k, 2000.0, ("job-ps-0", "job-ps-1")) for k in range(1, 11)]
+    assert explained([throttle], rollback, busy) == [throttle]
+    enough = busy[:THROTTLE_SEEN_AFTER]
+    assert explained([throttle], rollback, enough) == [throttle]
+    assert explained([throttle], rollback, enough[:-1]) == []
+    # Samples while training was paused (a PS move: an idle PS is never throttled), or
+    # without that PS (it had been moved), or before the throttle, tell nothing about it.
+    paused = [_sample(10.0 + k, 0.0, ("job-ps-0", "job-ps-1")) for k in range(1, 11)]
+    other = [_sample(10.0 + k, 2000.0, ("job-ps-0", "job-ps-1-g1")) for k in range(1, 11)]
+    before = [_sample(k, 2000.0, ("job-ps-0", "job-ps-1")) for k in range(1, 10)]
+    assert explained([throttle], rollback, [*enough[:-1], *paused, *other, *before]) == []
+    # A rollback before the throttle does not cover it.
+    early = [_event(8.0, "relaunch", "job-ps-0", ROLLBACK)]
+    assert explained([throttle], early, []) == [throttle]
+
+
+def test_a_master_sigkill_covers_a_throttle_for_10_s() -> None:
+    """A killed master's samples since its last checkpoint are gone with it: a time bound."""
+    throttle = Injected(Fault.PS_THROTTLE, "job-ps-1", 10.0)
+    for at, missing in ((19.0, []), (21.0, [throttle])):
+        kill = Injected(Fault.MASTER_KILL, None, at)
+        restarted = _event(
+            at + 3.0, "relaunch", None, "master restarted: resumed from the checkpoint of step 9"
+        )
+        assert explained([throttle, kill], [restarted]) == missing
 
 
 def test_a_disk_fault_needs_a_failed_checkpoint() -> None:
