@@ -88,12 +88,17 @@ def test_a_full_disk_fails_a_checkpoint_and_the_previous_one_restores(
     check(outcome, reference_loss)
 
 
+#: The soak's runs (``DLROVER_KFP_CHAOS_RUNS``); each takes 30-40 s on the 2-vCPU dev VM.
+SOAK_RUNS = int(os.environ.get("DLROVER_KFP_CHAOS_RUNS", "10"))
+
+
 @pytest.mark.long
+@pytest.mark.timeout(120 * SOAK_RUNS)
 def test_soak(tmp_path: Path, reference_loss: float) -> None:
     """More seeds, more faults: ``DLROVER_KFP_CHAOS_RUNS`` runs (default 10) of 5 faults each,
     on the reference's job (its loss is the same job's without faults)."""
     _needs_cgroups(tmp_path)
-    runs = int(os.environ.get("DLROVER_KFP_CHAOS_RUNS", "10"))
+    runs = SOAK_RUNS
     failures = []
     for seed in range(100, 100 + runs):
         schedule = draw_schedule(seed, POD_FAULTS, 5, workers=2, ps=2)
