@@ -504,4 +504,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code:
+        # A failed process leaves at once. Its daemon threads (the prefetcher) may be inside
+        # torch, and the interpreter's teardown under them aborts the process ("terminate
+        # called without an active exception": SIGABRT, exit 134 instead of this code; seen
+        # in the chaos soak when a worker's PS was killed).
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
