@@ -181,6 +181,54 @@ def make_profile(
     )
 
 
+def node_sample(
+    name: str,
+    role: str,
+    *,
+    cpu_used: float,
+    cpu_requested: float = 0.5,
+    memory_used_mb: int = 300,
+    memory_requested_mb: int = 1024,
+    throughput: float | None = None,
+    cpu_throttled: float | None = None,
+) -> NodeSample:
+    """One pod's reading in a runtime sample; the defaults are a small job's pod (0.5 CPU,
+    1 GiB) using 300 MiB."""
+    return NodeSample(
+        name=name,
+        role=role,  # type: ignore[arg-type]
+        cpu_used=cpu_used,
+        cpu_requested=cpu_requested,
+        memory_used_mb=memory_used_mb,
+        memory_requested_mb=memory_requested_mb,
+        throughput=throughput,
+        cpu_throttled=cpu_throttled,
+    )
+
+
+def runtime_sample(
+    time: float,
+    nodes: Sequence[NodeSample],
+    *,
+    throughput: float,
+    global_step: int = 0,
+    workers: int = 2,
+    ps: int = 2,
+    cpu: float = 0.5,
+) -> RuntimeSample:
+    """A runtime sample of a job of ``workers`` + ``ps`` pods of ``cpu`` cores each."""
+    return RuntimeSample(
+        time=time,
+        global_step=global_step,
+        throughput=throughput,
+        workers=workers,
+        ps=ps,
+        worker_cpu=cpu,
+        ps_cpu=cpu,
+        nodes=tuple(nodes),
+    )
+
+
 _OOM: EventKind = "oom"
 
 

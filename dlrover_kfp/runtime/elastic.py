@@ -263,8 +263,7 @@ class ElasticRun(StaticRun):
             before = sum(w.samples for w in state.workers.values())
             self._restore_master(state, choice)
             after = sum(w.samples for w in state.workers.values())
-        self._checkpoint_step = max(self._checkpoint_step, step)
-        self._checkpoint_trained = state.totals()[1]
+        self._restored_at(state, step)
         self._rebase_rates(state, self.clock() - self.start)
         ps = NodeGroup(count=self.ps.count, cpu=decision.cpu, memory_mb=decision.memory_mb)
         self._launch_all(state, ps, self.workers)

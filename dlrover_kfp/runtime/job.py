@@ -467,6 +467,12 @@ class StaticRun:
         self._checkpoint_trained = trained
         return self._checkpoint_step
 
+    def _restored_at(self, state: MasterState, step: int) -> None:
+        """The job was restored from the checkpoint of ``step`` (a resume, a rollback): what
+        is trained from here is new since it, and later checkpoints go above it."""
+        self._checkpoint_step = max(self._checkpoint_step, step)
+        self._checkpoint_trained = state.totals()[1]
+
     def _worker_rate(self, index: int, per_worker: dict[str, int], t: float) -> float:
         done = per_worker.get(f"worker-{index}", 0)
         t0, s0 = self._worker_last.get(index, (0.0, 0))
@@ -501,8 +507,7 @@ class StaticRun:
             with state.lock:
                 self._restore_master(state, choice)
                 done = sum(w.samples for w in state.workers.values())
-            self._checkpoint_step = choice.step
-            self._checkpoint_trained = state.totals()[1]
+            self._restored_at(state, choice.step)
             self.events.append(
                 JobEvent(
                     time=round(self._earlier_s, 3),

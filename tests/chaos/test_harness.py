@@ -6,8 +6,9 @@ rule down on hand-made timelines.
 
 from __future__ import annotations
 
-from dlrover_kfp.core.profile import JobEvent, NodeSample, RuntimeSample
+from dlrover_kfp.core.profile import JobEvent, RuntimeSample
 from tests.chaos.harness import THROTTLE_SEEN_AFTER, Fault, Injected, explained
+from tests.factories import node_sample, runtime_sample
 
 ROLLBACK = "relaunched as it was: every PS restored from the checkpoint of step 100"
 
@@ -39,28 +40,9 @@ def test_a_rollback_soon_after_covers_a_pod_fault_it_replaced() -> None:
 
 
 def _sample(t: float, throughput: float, pods: tuple[str, ...]) -> RuntimeSample:
-    nodes = tuple(
-        NodeSample(
-            name=pod,
-            role="ps",
-            cpu_used=0.05,
-            cpu_requested=0.5,
-            memory_used_mb=300,
-            memory_requested_mb=1024,
-            cpu_throttled=0.9,
-        )
-        for pod in pods
-    )
-    return RuntimeSample(
-        time=t,
-        global_step=0,
-        throughput=throughput,
-        workers=2,
-        ps=2,
-        worker_cpu=0.5,
-        ps_cpu=0.5,
-        nodes=nodes,
-    )
+    """A sample in which ``pods`` are PS throttled to a tenth."""
+    nodes = [node_sample(pod, "ps", cpu_used=0.05, cpu_throttled=0.9) for pod in pods]
+    return runtime_sample(t, nodes, throughput=throughput)
 
 
 def test_a_rollback_covers_a_throttle_until_the_master_had_samples_enough_to_see_it() -> None:

@@ -28,6 +28,7 @@ from dlrover_kfp.runtime.job import RunSettings
 from dlrover_kfp.runtime.master import MasterService, MasterState, PsSwitch
 from dlrover_kfp.training.master_protocol import CONFIG
 from dlrover_kfp.training.wire import Message, PeerInfo
+from tests.factories import node_sample, runtime_sample
 
 SPEC = """
 name: pause
@@ -180,32 +181,15 @@ def test_a_worker_relaunched_before_it_was_configured_is_not_waited_for(tmp_path
 
 
 def _node(name: str, role: str, *, used: float, throttled: float = 0.0) -> NodeSample:
-    return NodeSample(
-        name=name,
-        role=role,  # type: ignore[arg-type]
-        cpu_used=used,
-        cpu_requested=0.5,
-        memory_used_mb=300,
-        memory_requested_mb=1024,
-        throughput=1000.0 if role == "worker" else None,
-        cpu_throttled=throttled,
-    )
+    speed = 1000.0 if role == "worker" else None
+    return node_sample(name, role, cpu_used=used, throughput=speed, cpu_throttled=throttled)
 
 
 def _samples(ps_nodes: list[NodeSample]) -> list[RuntimeSample]:
     """Five samples of steady training: two workers at 1,000 samples/s, ``ps_nodes`` as given."""
     workers = [_node(f"pause-worker-{k}", "worker", used=0.45) for k in range(2)]
     return [
-        RuntimeSample(
-            time=float(t),
-            global_step=100 * t,
-            throughput=2000.0,
-            workers=2,
-            ps=2,
-            worker_cpu=0.5,
-            ps_cpu=0.5,
-            nodes=(*workers, *ps_nodes),
-        )
+        runtime_sample(float(t), [*workers, *ps_nodes], throughput=2000.0, global_step=100 * t)
         for t in range(1, 6)
     ]
 
