@@ -57,5 +57,11 @@ class HistoryUnavailableError(HistoryError, TransientError):
     """The history store could not be reached or was locked; try again later."""
 
 
+class HistoryDiskFullError(HistoryError, PermanentError):
+    """The disk that holds the history store is full. Retrying on a timer cannot help (a lock
+    is released by its holder, a full disk by nobody until someone frees space), so it is the
+    user's to act on; a run's profile still waits in the pending store for that."""
+
+
 class NotFoundError(UserInputError, LookupError):
     """A named object (a job id in the history, say) does not exist."""

@@ -6,6 +6,7 @@ full disk never leaves half a plan or half a model behind.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -39,15 +40,33 @@ def read_document(cls: type[T], path: str | os.PathLike[str]) -> T:
     return parse(cls, load_text(read_text(path), source), source)
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
+def write_atomic(
+    path: str | os.PathLike[str], text: str, *, reserve: str | os.PathLike[str] | None = None
+) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half.
+
+    ``reserve``: a file that holds disk space back for this write (:func:`reserve_space`).
+    When the disk is full, the reserve gives up as much as the write needs and it is tried
+    again, so what must be written (a failed run's profile) still fits.
+    """
     target = Path(path)
-    directory = target.parent if str(target.parent) else Path(".")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
+        _write_once(target, text)
+    except OSError as exc:
+        if reserve is None or exc.errno not in _DISK_FULL or not release_space(reserve, text):
+            raise UserInputError(f"{target}: cannot write: {exc.strerror}") from None
+    else:
+        return
+    try:
+        _write_once(target, text)
     except OSError as exc:
         raise UserInputError(f"{target}: cannot write: {exc.strerror}") from None
+
+
+def _write_once(target: Path, text: str) -> None:
+    directory = target.parent if str(target.parent) else Path(".")
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
     try:
         # mkstemp creates 0600; documents are meant to be read by others, like any new file.
         os.fchmod(fd, 0o644)
@@ -56,12 +75,53 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise UserInputError(f"{target}: cannot write: {exc.strerror}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+#: The errors of a write that found no space: the disk, or the user's quota on it.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+#: What a write takes besides its bytes: the temporary file's inode, a directory block, the
+#: rounding of its last block (4 KiB on ext4, xfs and tmpfs); 64 KiB covers them with margin.
+_WRITE_SLACK_BYTES = 64 << 10
+
+
+def reserve_space(path: str | os.PathLike[str], nbytes: int) -> bool:
+    """Make the file ``path`` hold at least ``nbytes`` of disk space (allocated, not sparse),
+    for a later write that must succeed on a full disk (``write_atomic(..., reserve=path)``).
+    False when the disk has not that much space left (the file keeps what it had)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_size < nbytes:
+            os.posix_fallocate(fd, 0, nbytes)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def release_space(reserve: str | os.PathLike[str], text: str) -> bool:
+    """Give up as much of ``reserve`` as writing ``text`` needs (all of it when it holds less);
+    False when there was nothing to give up."""
+    path = Path(reserve)
+    try:
+        held = path.stat().st_size
+        if held == 0:
+            return False
+        needed = len(text.encode("utf-8")) + _WRITE_SLACK_BYTES
+        if needed >= held:
+            path.unlink()
+        else:
+            os.truncate(path, held - needed)
+    except OSError:
+        return False
+    return True
 
 
 def iter_json_lines(path: str | os.PathLike[str]) -> Iterator[tuple[str, int, object]]:

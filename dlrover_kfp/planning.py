@@ -8,11 +8,17 @@ here: a pipeline's plan step runs in a pod of its own and starts in a fraction o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import os
+
+import psutil  # type: ignore[import-untyped, unused-ignore]
 
 from dlrover_kfp.core.observation import Observation
-from dlrover_kfp.core.plan import ResourcePlan
+from dlrover_kfp.core.plan import NodeGroup, ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings, context_from_spec, warm_start
+from dlrover_kfp.core.planner.quota import require_runnable
+from dlrover_kfp.core.planner.settings import DefaultQuota
 from dlrover_kfp.core.planner.warm_start import DAY_S
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.core.summary import summarize
@@ -73,16 +79,50 @@ def local_planner_settings() -> PlannerSettings:
 
     The defaults are a cluster's (half-core steps, a decision every 5 minutes). A machine's
     quota is a few cores and a job a few minutes, so pods come in quarter cores, memory from
-    512 MiB, and Stage 2 decides every 10 s once it has 3 samples at the current shape.
+    512 MiB, and Stage 2 decides every 10 s once it has 3 samples at the current shape. No
+    plan holds more than the machine (:func:`machine_capacity`): a cluster's default quota of
+    32 cores would start 12 cores of pods on a 2-core laptop.
     """
     defaults = PlannerSettings()
     return dataclasses.replace(
         defaults,
+        capacity=machine_capacity(),
         node=dataclasses.replace(defaults.node, min_cpu=0.25, cpu_step=0.25, min_memory_mb=512),
         auto_scale=dataclasses.replace(defaults.auto_scale, min_interval_s=10.0, min_samples=3),
         # Stage 3 looks one planning interval ahead for a memory trend.
         post_scale=dataclasses.replace(defaults.post_scale, oom_horizon_s=10.0),
     )
+
+
+def check_plan(spec: JobSpec, workers: NodeGroup, ps: NodeGroup, *, source: str) -> None:
+    """The check every plan a run starts from passes before any pod starts (the user's
+    resources, ``--plan``, Stage 1's plan): each role's memory against the model's own
+    footprint, the whole against ``resources.limits``
+    (:func:`~dlrover_kfp.core.planner.quota.require_runnable`, which names ``source``)."""
+    # The footprint alone decides the needs: any settings give the same ones.
+    ctx = context_from_spec(spec, PlannerSettings())
+    res = spec.resources
+    own = (res.workers.to_group(), res.ps.to_group()) if res.workers and res.ps else None
+    # The spec's own resources are named by their keys, which the user edits.
+    spec_keys = ("resources.workers.memory", "resources.ps.memory")
+    keys = spec_keys if own == (workers, ps) else ("workers", "ps")
+    require_runnable(workers, ps, ctx, limits=res.limits, source=source, keys=keys)
+
+
+@functools.cache
+def machine_capacity() -> DefaultQuota:
+    """This machine's cores (the ones this process may run on) and memory, the most a plan on
+    the local backend holds. Read once per process, and said once in the log."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory_mb = psutil.virtual_memory().total // 2**20
+    capacity = DefaultQuota(cpu=float(cores or 1), memory_mb=int(memory_mb))
+    log.info(
+        "local backend: plans are capped at this machine's %g cores and %d MiB of memory "
+        "(the quota where it is larger)",
+        capacity.cpu,
+        capacity.memory_mb,
+    )
+    return capacity
 
 
 def plan_start(

@@ -162,7 +162,9 @@ class PodStatus:
     ``exit_code`` and ``reason`` are set once the pod is terminal (``reason`` is a
     :class:`PodReason` value). Times are seconds since the epoch from the backend's clock;
     ``finished_at`` is when the backend *noticed* the end, which may lag the real exit by up to
-    the backend's polling interval.
+    the backend's polling interval. ``message`` is the last error line of a failed pod's own
+    output (:func:`last_error_line`), the cause a user can act on ("No space left on device",
+    "file changed since it was indexed"), None when it wrote none.
     """
 
     name: str
@@ -173,6 +175,39 @@ class PodStatus:
     reason: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
+    message: str | None = None
+
+
+#: The longest error line a status carries: a message, not a log.
+MAX_MESSAGE_CHARS = 300
+# The last line of a Python traceback ("OSError: [Errno 28] No space left on device") and a
+# log record at ERROR or CRITICAL ("... ERROR worker-0: data: ..."), the trainer's two ways of
+# saying why it stops.
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b")
+_ERROR_RECORD = re.compile(r"\s(?:ERROR|CRITICAL)\s")
+#: Lines the backend itself writes into a pod's log (launch header, exit trailer).
+BACKEND_LOG_PREFIX = "--- dlrover-kfp "
+
+
+def last_error_line(text: str) -> str | None:
+    """The last line of ``text`` (a pod's output, or its tail) that says why it failed: a
+    traceback's exception line or an ERROR/CRITICAL log record; None when there is none (a pod
+    killed from outside wrote nothing about it). Cut to :data:`MAX_MESSAGE_CHARS`.
+
+    Only the pod's own output is read, and it never holds the job secret: secrets reach a pod
+    in its env, which no backend writes into a log (:class:`PodSpec`).
+    """
+    for raw in reversed(text.splitlines()):
+        line = raw.strip()
+        if not line or line.startswith(BACKEND_LOG_PREFIX):
+            continue
+        record = _ERROR_RECORD.search(f" {line} ")
+        if record is not None:
+            line = line[max(0, record.start()) :]  # from the level on: no timestamp
+        elif not _EXCEPTION_LINE.match(line):
+            continue
+        return line if len(line) <= MAX_MESSAGE_CHARS else line[: MAX_MESSAGE_CHARS - 3] + "..."
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -28,6 +28,9 @@ before its first instruction, and nothing it forks can escape them: what a conta
 does before it starts a container's entry point. Writing the pid after ``Popen`` returns would
 leave a window in which a fast child escapes.
 
+A master killed by SIGKILL leaves its groups behind; :func:`tree_pids` and :func:`remove_tree`
+let the local backend find what is still in them and remove them afterwards.
+
 This module only touches the cgroup file system; it never kills or signals anything.
 """
 
@@ -133,10 +136,17 @@ class Cgroups(Protocol):
         """One line for logs and profiles, e.g. ``cgroup v1 (cpu, cpuacct, memory)``."""
         ...
 
+    @property
+    def directories(self) -> tuple[Path, ...]:
+        """The per-backend parent groups, one per hierarchy: what a master that dies without
+        :meth:`close` leaves behind (the local backend records them for a later cleanup)."""
+        ...
+
     def create(self, name: str, cpu: float, memory_mb: int) -> PodGroup: ...
 
     def close(self) -> None:
-        """Remove the parent groups (after every pod's group was removed)."""
+        """Remove the parent groups and any pod group still under them (their processes must
+        have ended: a group with processes is busy and stays)."""
         ...
 
 
@@ -180,6 +190,35 @@ def _mkdir(path: Path) -> None:
         pass
     except OSError as exc:
         raise CgroupError(exc.errno, f"cannot create cgroup {path}: {exc.strerror}") from exc
+
+
+def tree_pids(root: Path) -> set[int]:
+    """The processes in group ``root`` and every group below it (their ``cgroup.procs``);
+    empty when ``root`` is gone."""
+    pids: set[int] = set()
+    for here, _, _ in os.walk(root):
+        with contextlib.suppress(OSError):
+            pids.update(int(x) for x in (Path(here) / "cgroup.procs").read_text().split())
+    return pids
+
+
+def remove_tree(root: Path) -> tuple[list[Path], list[Path]]:
+    """Remove group ``root`` and every group below it, deepest first. Returns (removed,
+    left): a group that still has processes, or whose last ones are still exiting, is left
+    (and so are its parents); a group that is already gone counts as neither."""
+    removed: list[Path] = []
+    left: list[Path] = []
+    if not root.is_dir():
+        return removed, left
+    for here, _, _ in os.walk(root, topdown=False):
+        path = Path(here)
+        if any(p.is_relative_to(path) for p in left):
+            left.append(path)
+        elif _rmdir(path):
+            removed.append(path)
+        else:
+            left.append(path)
+    return removed, left
 
 
 def _rmdir(path: Path) -> bool:
@@ -239,6 +278,10 @@ class CgroupV2:
     def description(self) -> str:
         return "cgroup v2 (cpu.max, memory.max)"
 
+    @property
+    def directories(self) -> tuple[Path, ...]:
+        return (self.parent,)
+
     def setup(self) -> None:
         controllers = set((self.parent.parent / "cgroup.controllers").read_text().split())
         missing = {"cpu", "memory"} - controllers
@@ -272,7 +315,7 @@ class CgroupV2:
 
     def close(self) -> None:
         if self._created:
-            _rmdir(self.parent)
+            remove_tree(self.parent)
 
 
 # ------------------------------------------------------------------------------ cgroup v1
@@ -336,6 +379,10 @@ class CgroupV1:
     def description(self) -> str:
         return f"cgroup v1 ({', '.join(sorted(self.parents))})"
 
+    @property
+    def directories(self) -> tuple[Path, ...]:
+        return tuple(dict.fromkeys(self.parents.values()))
+
     def setup(self) -> None:
         for d in dict.fromkeys(self.parents.values()):
             _mkdir(d)
@@ -366,7 +413,7 @@ class CgroupV1:
 
     def close(self) -> None:
         for d in reversed(self._created):
-            _rmdir(d)
+            remove_tree(d)
         self._created.clear()
 
 
@@ -518,6 +565,8 @@ __all__ = [
     "cpu_quota_us",
     "detect",
     "quota_cores",
+    "remove_tree",
     "throttled_share",
+    "tree_pids",
     "wrap_command",
 ]

@@ -5,6 +5,8 @@ exactly what a run would send, and the status rules are tested as functions:
 
 * :func:`render_pod` / :func:`render_secret`: the manifests (wire format, camelCase), requests
   equal to limits, ``restartPolicy: Never``, the job's env values only as ``secretKeyRef``\\ s;
+* :func:`render_lease` / :func:`lease_record` / :class:`Holder`: the job's one-master Lease
+  (``coordination.k8s.io/v1``) and who holds it, with MicroTimes in the exact wire format;
 * :func:`pod_status`: a pod object as the API server returns it -> :class:`PodStatus`, reading
   OOMKilled and exit codes from the container's ``state`` / ``lastState``, eviction, preemption
   and node loss from ``status.reason`` and the ``DisruptionTarget`` condition;
@@ -21,11 +23,11 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from dlrover_kfp.backends.api import PodPhase, PodReason, PodSpec, PodStatus
+from dlrover_kfp.backends.api import PodPhase, PodReason, PodSpec, PodStatus, last_error_line
 from dlrover_kfp.core.profile import Role
 from dlrover_kfp.errors import UserInputError
 
@@ -100,6 +102,16 @@ class RetryPolicy:
     deadline_s: float = 120.0
 
 
+#: A job master's Lease term (``leaseDurationSeconds``): how long a master killed without the
+#: chance to release it (SIGKILL, its node lost) blocks a successor at most. Its holder renews
+#: it every :data:`LEASE_RENEW_S`, a third of the term, so that two renewals in a row may fail
+#: (an API blip, a throttle) before it runs out; client-go's leader election keeps a similar
+#: margin (15 s lease, 10 s renew deadline). 30 s is short next to a KFP or Airflow retry's
+#: back-off (minutes) and long next to the API's own latency (milliseconds).
+LEASE_DURATION_S = 30
+LEASE_RENEW_S = LEASE_DURATION_S / 3
+
+
 @dataclass(frozen=True, slots=True)
 class KubernetesSettings:
     """Where and how the job's pods run. Read once at the edge (the CLI, a component)."""
@@ -118,12 +130,21 @@ class KubernetesSettings:
     watch_timeout_s: int = 60
     #: extra seconds :meth:`KubernetesBackend.delete` waits past the grace period
     delete_slack_s: float = 30.0
+    #: the job master's Lease term and how often its holder renews it (whole seconds, as the
+    #: API takes the term)
+    lease_duration_s: int = LEASE_DURATION_S
+    lease_renew_s: float = LEASE_RENEW_S
 
     def __post_init__(self) -> None:
         if not self.namespace:
             raise UserInputError("kubernetes: --namespace is required")
         if not self.image:
             raise UserInputError("kubernetes: --image is required")
+        if not 0 < self.lease_renew_s < self.lease_duration_s:
+            raise UserInputError(
+                f"kubernetes: lease renewal every {self.lease_renew_s:g}s must be shorter than "
+                f"the lease term ({self.lease_duration_s}s)"
+            )
 
 
 def owner_from_env(env: Mapping[str, str]) -> OwnerRef | None:
@@ -215,6 +236,120 @@ def render_secret(
     }
 
 
+def lease_name(job: str) -> str:
+    """The Lease that says which master runs a job (one per job, as its pod names are)."""
+    return f"{dns_name(job, 240)}-master"
+
+
+def micro_time(t: float) -> str:
+    """Seconds since the epoch as a ``metav1.MicroTime``: RFC 3339 in UTC with exactly six
+    fraction digits, the only form the API server decodes (Go's ``RFC3339Micro``). The
+    official client's own rendering of a ``datetime`` drops the fraction when it is zero,
+    which the server refuses, hence a string here."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who holds a job's Lease: one master, in one process on one host.
+
+    ``host`` is the master's pod name (or its machine's name), ``boot`` the machine's boot id
+    (so that two machines with one name, or one machine before and after a reboot, differ),
+    ``process`` a random token of the process and ``serial`` which backend of it: two masters
+    never share an identity, and a master on this same machine whose process is gone can be
+    told from one that still runs (:meth:`identity` is ``holderIdentity``)."""
+
+    host: str
+    pid: int
+    boot: str
+    process: str
+    serial: int = 0
+
+    @property
+    def identity(self) -> str:
+        return f"{self.host}:{self.pid}:{self.boot}:{self.process}-{self.serial}"
+
+    @staticmethod
+    def parse(identity: str) -> Holder | None:
+        """The holder an identity of :attr:`identity`'s form names; None for any other form
+        (a lease written by someone else: nothing is assumed about it)."""
+        parts = identity.split(":")
+        if len(parts) != 4 or not parts[1].isdigit():
+            return None
+        process, _, serial = parts[3].rpartition("-")
+        if not process or not serial.isdigit():
+            return None
+        return Holder(parts[0], int(parts[1]), parts[2], process, int(serial))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """A Lease as read back: its holder ("" once released) and when it runs out."""
+
+    holder: str
+    duration_s: int
+    renewed_at: float | None
+    acquired_at: float | None
+    transitions: int
+    resource_version: str
+
+    @property
+    def expires_at(self) -> float:
+        """When a successor may take it: the holder's last renewal plus the term (by the
+        holder's clock: masters whose clocks differ by more than a few seconds shift this)."""
+        last = self.renewed_at if self.renewed_at is not None else self.acquired_at
+        return (last or 0.0) + self.duration_s
+
+    def held(self, now: float) -> bool:
+        return bool(self.holder) and now < self.expires_at
+
+
+def lease_record(lease: Mapping[str, Any]) -> LeaseRecord:
+    spec = lease.get("spec") or {}
+    return LeaseRecord(
+        holder=str(spec.get("holderIdentity") or ""),
+        duration_s=int(spec.get("leaseDurationSeconds") or 0),
+        renewed_at=timestamp(spec.get("renewTime")),
+        acquired_at=timestamp(spec.get("acquireTime")),
+        transitions=int(spec.get("leaseTransitions") or 0),
+        resource_version=str((lease.get("metadata") or {}).get("resourceVersion") or ""),
+    )
+
+
+def render_lease(
+    name: str,
+    namespace: str,
+    *,
+    holder: str,
+    duration_s: int,
+    now: float,
+    acquired_at: float,
+    labels: Mapping[str, str],
+    owner: OwnerRef | None = None,
+    transitions: int = 0,
+    resource_version: str | None = None,
+) -> dict[str, Any]:
+    """The job's Lease held by ``holder``, renewed ``now``. With ``resource_version`` it is
+    an update that succeeds only if nobody wrote the Lease since that version was read (a
+    takeover or a renewal racing another master's fails with 409 Conflict). Owned by the
+    master's pod when it runs in one, so that deleting that pod frees the job at once."""
+    meta = _metadata(name, namespace, labels, owner)
+    if resource_version is not None:
+        meta["resourceVersion"] = resource_version
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": meta,
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration_s,
+            "acquireTime": micro_time(acquired_at),
+            "renewTime": micro_time(now),
+            "leaseTransitions": transitions,
+        },
+    }
+
+
 def render_pod(
     spec: PodSpec,
     *,
@@ -260,6 +395,9 @@ def render_pod(
         # Requests equal limits: the Guaranteed class, so that the planner's CPU is the pod's
         # and a busy node evicts this pod last.
         "resources": {"requests": dict(resources), "limits": dict(resources)},
+        # The kubelet puts the tail of a failed container's log in its terminated state's
+        # message: the job master reads the cause (an exception line) without the logs API.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -398,6 +536,11 @@ def pod_status(
         reason=reason if phase.terminal else None,
         started_at=started,
         finished_at=finished if phase.terminal else None,
+        message=(
+            last_error_line(str(term.get("message") or ""))
+            if term and phase is PodPhase.FAILED and reason != PodReason.DELETED.value
+            else None
+        ),
     )
 
 

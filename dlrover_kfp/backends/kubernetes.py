@@ -21,17 +21,29 @@ The only module of the project that imports ``kubernetes`` (the official client,
 * **Usage** from ``metrics.k8s.io`` when the cluster serves it (metrics-server); without it
   :meth:`usage` reports nothing and says so once.
 * **Owner**: when the master runs in a pod (``POD_NAME``/``POD_UID`` from the downward API),
-  its pods and Secret name it as owner, so that deleting the master deletes its job.
+  its pods, Secret and Lease name it as owner, so that deleting the master deletes its job.
+* **One master per job** (Kubernetes leader election): pod and Secret names are per job, so a
+  second master of a job in the namespace (a KFP retry, a re-run task, a master on another
+  host) would replace the first one's Secret and pods. Opening the backend first takes the
+  job's Lease (``coordination.k8s.io/v1``, :func:`.k8s_objects.lease_name`), before any Secret
+  or pod; a live holder's Lease refuses the newcomer at once (:class:`JobHeldError`, exit 2).
+  A thread renews it every ``lease_renew_s``; one whose holder stopped renewing (killed) is
+  taken over once its term has run out, or at once when its holder was a process of this
+  same machine that is gone. A master whose Lease was taken refuses to launch or delete
+  (:class:`LeaseLostError`) and leaves the job's objects to its successor. Closing deletes it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import math
 import os
+import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -55,11 +67,17 @@ from dlrover_kfp.backends.api import (
     PodUsage,
 )
 from dlrover_kfp.backends.k8s_objects import (
+    Holder,
     KubernetesSettings,
+    LeaseRecord,
     job_labels,
+    lease_name,
+    lease_record,
+    micro_time,
     parse_cpu,
     parse_memory,
     pod_status,
+    render_lease,
     render_pod,
     render_secret,
     secret_keys,
@@ -88,6 +106,61 @@ class KubernetesApiError(BackendError, PermanentError):
 
 class KubernetesUnavailableError(BackendError, TransientError):
     """The API kept failing (5xx, 429, connection errors) past the retry deadline."""
+
+
+class JobHeldError(BackendError, UserInputError):
+    """Another master of the job is live in the namespace (it holds the job's Lease and
+    renews it): a second one would take over its pods. The message names the holder and when
+    it last renewed."""
+
+
+class LeaseLostError(BackendError, PermanentError):
+    """Another master took this master's Lease (this one could not renew it in time) or it
+    was deleted: the job's pods and Secret may be the other's now, so this master must stop."""
+
+
+#: This process's part of every holder identity it uses (:class:`Holder`).
+_PROCESS_TOKEN = secrets.token_hex(4)
+_SERIALS = itertools.count()
+
+
+def _boot_id() -> str:
+    """The running kernel's boot id (Linux); "" where there is none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip().replace("-", "")[:12]
+    except OSError:
+        return ""
+
+
+def local_holder(env: Mapping[str, str] = os.environ) -> Holder:
+    """A new identity for a master of this process: its pod's name (``POD_NAME`` from the
+    downward API) or this machine's, its pid, the boot id and this process's token."""
+    host = env.get("POD_NAME") or socket.gethostname() or "unknown-host"
+    return Holder(host, os.getpid(), _boot_id(), _PROCESS_TOKEN, next(_SERIALS))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def gone_locally(identity: str, me: Holder) -> bool:
+    """Whether ``identity`` was a master on this machine (same name, same boot) whose process
+    is gone (or was an earlier process under this one's pid, as after a restart in a
+    container), so that its Lease need not run out: an OS-level fact, as the output
+    directory's file lock is. False whenever that cannot be told."""
+    other = Holder.parse(identity)
+    if other is None or not me.boot or (other.host, other.boot) != (me.host, me.boot):
+        return False
+    if other.pid == me.pid:
+        return other.process != me.process
+    return not _pid_alive(other.pid)
 
 
 def load_client(kubeconfig: str | None = None, context: str | None = None) -> k8s.ApiClient:
@@ -153,12 +226,14 @@ class KubernetesBackend:
         *,
         job: str,
         sleep: Callable[[float], None] = time.sleep,
+        holder: Holder | None = None,
     ) -> None:
         self.settings = settings
         self.namespace = settings.namespace
         self._api = api
         self._core = k8s.CoreV1Api(api)
         self._custom = k8s.CustomObjectsApi(api)
+        self._coordination = k8s.CoordinationV1Api(api)
         # Pod names are per job (``JOB-ROLE-INDEX``), so a namespace runs one run of a job at
         # a time and the job's label scopes the watch; a restarted master finds its pods.
         self._labels = job_labels(job)
@@ -189,6 +264,18 @@ class KubernetesBackend:
         #: proves it was deleted in between
         self._created_at: dict[str, float] = {}
         self._synced = threading.Event()
+        # The job's Lease first: a second master is refused before it writes anything.
+        self._job = job
+        self._lease = lease_name(job)
+        self._holder = holder or local_holder()
+        #: why this master lost its Lease (None while it holds it)
+        self._lease_lost: str | None = None
+        self._lease_stop = threading.Event()
+        self._acquire_lease()
+        self._renewer = threading.Thread(
+            target=self._renew_loop, name="k8s-lease-renew", daemon=True
+        )
+        self._renewer.start()
         self._watcher = threading.Thread(target=self._watch, name="k8s-pod-watch", daemon=True)
         self._watcher.start()
         # Launches come after the first list, so that the watch sees every pod from its start.
@@ -218,10 +305,22 @@ class KubernetesBackend:
     ) -> None:
         self.close()
 
+    @property
+    def holder(self) -> str:
+        """This master's ``holderIdentity`` on the job's Lease."""
+        return self._holder.identity
+
+    @property
+    def lease_lost(self) -> str | None:
+        """Why this master lost the job's Lease, or None while it holds it."""
+        with self._lock:
+            return self._lease_lost
+
     def launch(self, pod: PodSpec) -> None:
         with self._lock:
             if self._closed:
                 raise BackendClosedError("the Kubernetes backend is closed")
+            self._check_lease()
             current = self._status.get(pod.name)
             if current is not None and not current.phase.terminal:
                 raise PodExistsError(f"pod {pod.name} is still {current.phase.value}")
@@ -264,6 +363,7 @@ class KubernetesBackend:
                 # An object of that name from an earlier master of this job (killed, its pods
                 # stopped or stopping): it is replaced, as a relaunch replaces a finished pod.
                 log.warning("kubernetes: pod %s exists from an earlier run: replacing it", pod.name)
+                self._disown(pod.name, pod)
                 self._remove_object(pod.name)
                 self._call(
                     f"create pod {pod.name}",
@@ -290,6 +390,7 @@ class KubernetesBackend:
 
     def delete(self, name: str, grace_s: float = 5.0) -> None:
         with self._lock:
+            self._check_lease()
             current = self._status.get(name)
             if current is None or current.phase.terminal:
                 return
@@ -394,7 +495,16 @@ class KubernetesBackend:
             if self._closed:
                 return
             self._closed = True
-            names = list(self._order)
+            lost = self._lease_lost
+            names = [] if lost else list(self._order)
+        if lost:
+            # The pods and Secret of these names may be the new master's now: left to it.
+            log.warning(
+                "kubernetes: this master lost the lease of job %s (%s): its pods and secret "
+                "are left to the master that holds it",
+                self._job,
+                lost,
+            )
         errors: list[BaseException] = []
         for name in names:
             try:
@@ -402,7 +512,7 @@ class KubernetesBackend:
                 self._remove_object(name, wait=False)
             except BackendError as exc:
                 errors.append(exc)
-        if self._secret_created:
+        if self._secret_created and not lost:
             try:
                 self._call(
                     f"delete secret {self._secret}",
@@ -420,8 +530,220 @@ class KubernetesBackend:
             with contextlib.suppress(Exception):  # ends the blocked read; any error is moot
                 response.shutdown()
         self._watcher.join(timeout=5.0)
+        # Last: a successor may start only once this master's pods are gone.
+        self._release_lease()
         if errors:
             log.warning("kubernetes: close left %d object(s) behind: %s", len(errors), errors[0])
+
+    # -- the job's Lease -----------------------------------------------------------------------
+
+    def _check_lease(self) -> None:
+        """Under ``self._lock``: refuse to act on the job's objects without its Lease."""
+        if self._lease_lost is not None:
+            raise LeaseLostError(
+                f"kubernetes: job {self._job}: this master lost its lease {self._lease} "
+                f"({self._lease_lost}): stopping, the job's pods are another master's"
+            )
+
+    def _read_lease(self, what: str, **retry: Any) -> LeaseRecord | None:
+        response = self._call(
+            f"{what} lease {self._lease}",
+            self._coordination.read_namespaced_lease,
+            self._lease,
+            self.namespace,
+            ok_missing=True,
+            _preload_content=False,
+            **retry,
+        )
+        return None if response is None else lease_record(json.loads(response.data))
+
+    def _write_lease(
+        self,
+        now: float,
+        *,
+        acquired_at: float,
+        transitions: int,
+        version: str | None,
+        deadline_s: float | None = None,
+    ) -> str | None:
+        """Create the Lease (``version`` None) or replace the one read at ``version``, held
+        by this master as of ``now``; its new resourceVersion, None on 409 (it exists, or
+        someone wrote it since ``version``)."""
+        body = render_lease(
+            self._lease,
+            self.namespace,
+            holder=self._holder.identity,
+            duration_s=self.settings.lease_duration_s,
+            now=now,
+            acquired_at=acquired_at,
+            labels=self._labels,
+            owner=self.settings.owner,
+            transitions=transitions,
+            resource_version=version,
+        )
+        if version is None:
+            response = self._call(
+                f"create lease {self._lease}",
+                self._coordination.create_namespaced_lease,
+                self.namespace,
+                body,
+                ok_conflict=True,
+                _preload_content=False,
+            )
+        else:
+            response = self._call(
+                f"update lease {self._lease}",
+                self._coordination.replace_namespaced_lease,
+                self._lease,
+                self.namespace,
+                body,
+                ok_conflict=True,
+                _preload_content=False,
+                deadline_s=deadline_s,
+            )
+        if response is None:
+            return None
+        return lease_record(json.loads(response.data)).resource_version
+
+    def _acquire_lease(self) -> None:
+        try:
+            self._try_acquire_lease()
+        except KubernetesApiError as exc:
+            if exc.status != 403:
+                raise
+            raise KubernetesApiError(
+                f"{exc} (the master needs get, create, update and delete on leases in API "
+                "group coordination.k8s.io: re-apply deploy/rbac.yaml)",
+                exc.status,
+            ) from None
+
+    def _try_acquire_lease(self) -> None:
+        """Create the job's Lease, or take over one whose holder is gone; else
+        :class:`JobHeldError`. A takeover is an update at the version read, so that of two
+        masters taking over at once one gets 409 and reads the other's Lease."""
+        for _ in range(3):  # a Lease released or taken over between our calls: look again
+            now = time.time()
+            version = self._write_lease(now, acquired_at=now, transitions=0, version=None)
+            if version is not None:
+                log.info(
+                    "kubernetes: job %s: lease %s acquired by %s",
+                    self._job,
+                    self._lease,
+                    self._holder.identity,
+                )
+                return
+            current = self._read_lease("read")
+            if current is None:
+                continue  # released in between
+            now = time.time()
+            if current.held(now) and not gone_locally(current.holder, self._holder):
+                raise JobHeldError(self._held_message(current, now))
+            version = self._write_lease(
+                now,
+                acquired_at=now,
+                transitions=current.transitions + 1,
+                version=current.resource_version,
+            )
+            if version is not None:
+                log.warning(
+                    "kubernetes: job %s: took over lease %s from %s (%s)",
+                    self._job,
+                    self._lease,
+                    current.holder or "nobody",
+                    "its process is gone" if current.held(now) else "expired",
+                )
+                return
+        raise JobHeldError(
+            f"kubernetes: job {self._job} in namespace {self.namespace}: another master keeps "
+            f"taking lease {self._lease}; stop it first"
+        )
+
+    def _held_message(self, current: LeaseRecord, now: float) -> str:
+        renewed = current.renewed_at if current.renewed_at is not None else current.acquired_at
+        when = (
+            f"renewed {now - renewed:.0f}s ago, at {micro_time(renewed)}"
+            if renewed is not None
+            else "never renewed"
+        )
+        return (
+            f"kubernetes: job {self._job} already has a live master in namespace "
+            f"{self.namespace}: lease {self._lease} is held by {current.holder} ({when}; it "
+            f"runs out in {max(0.0, current.expires_at - now):.0f}s unless renewed); stop that "
+            "master, or wait for its lease to run out"
+        )
+
+    def _renew_loop(self) -> None:
+        """Renew every ``lease_renew_s`` until closed or the Lease is lost. A failed renewal
+        is logged and tried again at the next tick: the Lease lasts three ticks."""
+        while not self._lease_stop.wait(self.settings.lease_renew_s):
+            try:
+                self._renew()
+            except LeaseLostError as exc:
+                with self._lock:
+                    self._lease_lost = str(exc)
+                log.error("kubernetes: job %s: lease %s lost: %s", self._job, self._lease, exc)
+                return
+            except Exception as exc:  # the renewals must outlive any surprise, as the watch
+                log.warning(
+                    "kubernetes: job %s: could not renew lease %s (%s); again in %gs",
+                    self._job,
+                    self._lease,
+                    exc,
+                    self.settings.lease_renew_s,
+                )
+
+    def _renew(self) -> None:
+        """Read the Lease, check it is still this master's, write a new renewTime at the
+        version read. LeaseLostError when another holder has it or it is gone."""
+        deadline = {"deadline_s": self.settings.lease_renew_s}
+        for _ in range(2):  # a 409: someone wrote it since it was read; read it again
+            current = self._read_lease("renew", **deadline)
+            if current is None:
+                raise LeaseLostError("it was deleted")
+            if current.holder != self._holder.identity:
+                raise LeaseLostError(f"it is held by {current.holder or 'nobody'} now")
+            version = self._write_lease(
+                time.time(),
+                acquired_at=current.acquired_at or time.time(),
+                transitions=current.transitions,
+                version=current.resource_version,
+                **deadline,
+            )
+            if version is not None:
+                return
+        raise KubernetesUnavailableError("the lease kept changing under its renewal")
+
+    def _release_lease(self) -> None:
+        """Stop renewing and delete the Lease if it is still this master's (a precondition on
+        the version read, so that a successor's Lease is never deleted)."""
+        self._lease_stop.set()
+        if self._renewer is not threading.current_thread():
+            self._renewer.join(timeout=self.settings.request_timeout_s)
+        if self.lease_lost is not None:
+            return
+        try:
+            current = self._read_lease("release")
+            if current is None or current.holder != self._holder.identity:
+                return
+            self._call(
+                f"delete lease {self._lease}",
+                self._coordination.delete_namespaced_lease,
+                self._lease,
+                self.namespace,
+                body=k8s.V1DeleteOptions(
+                    preconditions=k8s.V1Preconditions(resource_version=current.resource_version)
+                ),
+                ok_missing=True,
+                ok_conflict=True,
+            )
+        except BackendError as exc:  # it runs out by itself within its term
+            log.warning(
+                "kubernetes: job %s: lease %s not released (%s): it expires within %ds",
+                self._job,
+                self._lease,
+                exc,
+                self.settings.lease_duration_s,
+            )
 
     # -- calls ---------------------------------------------------------------------------------
 
@@ -432,13 +754,18 @@ class KubernetesBackend:
         *args: Any,
         ok_missing: bool = False,
         ok_conflict: bool = False,
+        deadline_s: float | None = None,
         **kwargs: Any,
     ) -> T | Any:
         """``fn(*args, **kwargs)`` with the retry policy; the one place that retries.
 
-        ``ok_missing``: a 404 is success (None); ``ok_conflict``: a 409 is success (None).
+        ``ok_missing``: a 404 is success (None); ``ok_conflict``: a 409 is success (None);
+        ``deadline_s``: retry for at most that long instead of the policy's deadline (the
+        Lease's renewal gives up at its next tick, which tries again).
         """
         policy = self.settings.retry
+        if deadline_s is not None:
+            policy = dataclasses.replace(policy, deadline_s=deadline_s)
         started = time.monotonic()
         wait = policy.initial_s
         attempt = 0
@@ -503,6 +830,28 @@ class KubernetesBackend:
             self._secret_data = data
             self._secret_created = True
         return keys
+
+    def _disown(self, name: str, pod: PodSpec) -> None:
+        """The object named ``name`` is an earlier master's (its uid never seen here): its
+        events, its deletion above all, must not become the new pod's status."""
+        found = self._call(
+            f"get pod {name}",
+            self._core.read_namespaced_pod,
+            name,
+            self.namespace,
+            ok_missing=True,
+            _preload_content=False,
+        )
+        if found is None:
+            return
+        uid = str(json.loads(found.data).get("metadata", {}).get("uid", ""))
+        with self._lock:
+            self._stale.add(uid)
+            if self._uids.get(name) == uid:  # the watch saw it first
+                del self._uids[name]
+                self._status[name] = PodStatus(
+                    name=name, role=pod.role, index=pod.index, phase=PodPhase.PENDING
+                )
 
     def _remove_object(self, name: str, *, wait: bool = True) -> None:
         """Delete a pod object at once (grace 0) and, with ``wait``, until it is gone, so that
@@ -590,6 +939,11 @@ class KubernetesBackend:
         )
         with self._lock:
             self._response = response
+        if self._stop.is_set():
+            # close() ran while this request was being sent: it could not end this read, so
+            # the join would wait its whole timeout (5 s) for the server's next event.
+            with contextlib.suppress(Exception):
+                response.shutdown()
         try:
             for line in k8s_watch.watch.iter_resp_lines(response):
                 if self._stop.is_set():
@@ -671,8 +1025,11 @@ class KubernetesBackend:
 
 
 __all__ = [
+    "JobHeldError",
     "KubernetesApiError",
     "KubernetesBackend",
     "KubernetesUnavailableError",
+    "LeaseLostError",
     "load_client",
+    "local_holder",
 ]

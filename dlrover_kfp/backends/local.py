@@ -26,8 +26,19 @@ Each pod's stdout and stderr are appended to ``<log_dir>/<name>.log``, between a
 trailer line written by the backend (name, role, index, resources, outcome; never env values).
 
 Use it as a context manager so that an exception in the job master does not leave processes
-behind; an ``atexit`` hook is a second line of defence. Neither helps if the job master itself is
-SIGKILLed: its pods then keep running in their own sessions.
+behind; an ``atexit`` hook is a second line of defence. :meth:`LocalBackend.close` stops every
+pod, gives each one grace period to exit on SIGTERM and SIGKILLs the rest (at once when the
+``cut_short`` callback says so: a second Ctrl-C), and then also kills any process still marked
+as this backend's (:data:`POD_OWNER_ENV`: a pod's child that left its process group, or a
+launch that an interrupt cut between start and bookkeeping) and removes every group under the
+backend's own cgroups.
+
+A master killed by SIGKILL can do none of this: its pods keep running in their own sessions
+(a frozen one forever), its cgroups stay, and so does the PS's shared memory. Each backend
+therefore records itself in its log directory (``.local-backend-<owner>.json``: its process
+and cgroups) and marks every pod's environment with :data:`POD_OWNER_ENV` (which backend, which
+pod, which log directory; inherited by the pod's children); :func:`reap_pods` finds and removes
+what a dead backend of a log directory left, never touching a live one's pods or anyone else's.
 """
 
 from __future__ import annotations
@@ -35,14 +46,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -52,6 +65,7 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 
 from dlrover_kfp.backends import cgroups as cg
 from dlrover_kfp.backends.api import (
+    BACKEND_LOG_PREFIX,
     BackendClosedError,
     PodExistsError,
     PodNotFoundError,
@@ -60,7 +74,9 @@ from dlrover_kfp.backends.api import (
     PodSpec,
     PodStatus,
     PodUsage,
+    last_error_line,
 )
+from dlrover_kfp.files import write_atomic
 from dlrover_kfp.ports import Clock, SystemClock
 
 logger = logging.getLogger(__name__)
@@ -69,6 +85,20 @@ _MIB = 1024 * 1024
 _SIGKILL_EXIT = 128 + signal.SIGKILL  # 137, what a container runtime reports for SIGKILL
 # containerd reports a command that cannot be executed as exit code 128 with reason StartError.
 _START_ERROR_EXIT = 128
+
+
+#: Environment variable on every pod's processes (and, inherited, their children's):
+#: ``"<owner> <pod name> <log dir>"``, the owner being the backend (``<pid>-<start>-<token>``,
+#: the master's pid and start time in clock ticks, so a reused pid is not mistaken for it). It
+#: is how a later process tells a dead master's pods from everything else on the machine.
+POD_OWNER_ENV = "DLROVER_KFP_POD_OWNER"
+#: A backend's record in its log directory (removed when it closes cleanly).
+_STATE_PREFIX = ".local-backend-"
+#: Seconds between two looks at pods being stopped: a tenth of the shortest usual grace period.
+_STOP_POLL_S = 0.02
+#: Seconds to wait for killed processes to be gone and their groups removable (a process
+#: SIGKILLed while stopped or in a system call is gone in milliseconds; 2 s is ample).
+_REAP_PATIENCE_S = 2.0
 
 
 #: Shortest window a pod's CPU use is averaged over: five CFS periods. A quota is enforced per
@@ -98,6 +128,7 @@ class _Pod:
     finished_at: float | None = None
     deleted: bool = False
     oom_killed: bool = False
+    message: str | None = None  # a failed pod's last error line, from its log
     # Descendants seen at the last sample, by pid. A cache written by _sample() without the
     # lock: replaced whole, never mutated, so a race only costs a fresh psutil.Process.
     children: dict[int, psutil.Process] = field(default_factory=dict)
@@ -147,6 +178,7 @@ class _Pod:
             reason=reason,
             started_at=self.started_at,
             finished_at=self.finished_at,
+            message=self.message if phase is PodPhase.FAILED and not self.deleted else None,
         )
 
 
@@ -159,6 +191,9 @@ class LocalBackend:
     ``cgroups`` says how limits are enforced: ``"auto"`` (the default) looks for cgroups this
     process may create (:func:`.cgroups.detect`) and falls back to accounting only, saying so
     once; ``"off"`` only accounts; or a :class:`.cgroups.Cgroups` to use.
+
+    ``cut_short`` is asked while pods are being stopped: once it answers True (the master got
+    a second stop signal) the pods still in their grace period are SIGKILLed at once.
     """
 
     def __init__(
@@ -168,11 +203,15 @@ class LocalBackend:
         watchdog_interval_s: float = 0.2,
         clock: Clock | None = None,
         cgroups: cg.Cgroups | Literal["auto", "off"] = "auto",
+        cut_short: Callable[[], bool] = lambda: False,
     ) -> None:
         if watchdog_interval_s <= 0:
             raise ValueError(f"watchdog_interval_s must be positive, got {watchdog_interval_s}")
         self._log_dir = Path(log_dir)
         self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._cut_short = cut_short
+        self._owner = _Owner.me()
+        self._marker_dir = str(self._log_dir.resolve())
         self._interval = watchdog_interval_s
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._cgroups: cg.Cgroups | None
@@ -190,11 +229,21 @@ class LocalBackend:
                 self._cgroups, self._enforcement = found, found.description
         else:
             self._cgroups, self._enforcement = cgroups, cgroups.description
+        self._state_file = self._log_dir / f"{_STATE_PREFIX}{self._owner}.json"
+        groups = [] if self._cgroups is None else [str(d) for d in self._cgroups.directories]
+        # Before any pod starts: a master SIGKILLed from now on leaves what reap_pods() needs.
+        try:
+            write_atomic(
+                self._state_file, json.dumps({"owner": str(self._owner), "cgroups": groups})
+            )
+        except OSError as exc:  # a full disk: the pods' own marks still find their processes
+            logger.warning("local backend: cannot record its cgroups in %s: %s", self._log_dir, exc)
         # Reentrant: _finish() is called both from the watchdog and from methods holding it.
         self._lock = threading.RLock()
         self._pods: dict[str, _Pod] = {}
         self._stale_groups: list[cg.PodGroup] = []
-        self._closed = False
+        self._closed = False  # no more launches
+        self._released = False  # close() ran to its end
         self._stop = threading.Event()
         self._watchdog = threading.Thread(
             target=self._watch, name="dlrover-kfp-local-watchdog", daemon=True
@@ -254,7 +303,11 @@ class LocalBackend:
                     command, extra_env = self._command(pod, group)
                     process = subprocess.Popen(
                         command,
-                        env=os.environ | dict(pod.env) | pod.resource_env() | extra_env,
+                        env=os.environ
+                        | dict(pod.env)
+                        | pod.resource_env()
+                        | extra_env
+                        | self._marker(pod.name),
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -363,10 +416,12 @@ class LocalBackend:
         return result
 
     def close(self, grace_s: float = 5.0) -> None:
-        """Delete every running pod (all at once, one ``grace_s`` in total) and stop the
-        watchdog. Idempotent; statuses stay readable."""
+        """Delete every running pod (all at once, one ``grace_s`` in total), kill any other
+        process marked as this backend's, remove its cgroups and stop the watchdog. Idempotent;
+        statuses stay readable. A close that an exception cut short is finished by the next
+        call (the context manager's, or the ``atexit`` hook's)."""
         with self._lock:
-            if self._closed:
+            if self._released:
                 return
             self._closed = True
             running = self._running_pods()
@@ -378,9 +433,16 @@ class LocalBackend:
             self._stop.set()
             if threading.current_thread() is not self._watchdog:
                 self._watchdog.join(timeout=5.0)
+            strays = _kill(_marked(lambda owner, _pod, _dir: owner == str(self._owner)))
+            if strays:
+                logger.warning("local backend: killed %d stray pod process(es)", len(strays))
+            _wait_gone(strays, _REAP_PATIENCE_S)
             self._remove_groups(patience_s=2.0)
             if self._cgroups is not None:
                 self._cgroups.close()
+            if self._cgroups is None or not any(d.exists() for d in self._cgroups.directories):
+                self._state_file.unlink(missing_ok=True)
+            self._released = True
             atexit.unregister(self.close)
 
     # -- local extras ------------------------------------------------------------------------
@@ -403,7 +465,7 @@ class LocalBackend:
             )
             process = subprocess.Popen(
                 command,
-                env=os.environ | extra_env,
+                env=os.environ | extra_env | self._marker(name),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -421,6 +483,9 @@ class LocalBackend:
             return pod.process.pid
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _marker(self, pod_name: str) -> dict[str, str]:
+        return {POD_OWNER_ENV: f"{self._owner} {pod_name} {self._marker_dir}"}
 
     def _create_group(self, pod: PodSpec) -> cg.PodGroup | None:
         """The pod's cgroup, or None when limits are only accounted. A group that cannot be
@@ -488,6 +553,8 @@ class LocalBackend:
                 # Removed once the killed processes have left it (the watchdog retries).
                 self._stale_groups.append(pod.group)
                 pod.group = None
+            if pod.returncode != 0 and not pod.deleted:
+                pod.message = _last_error(self.log_path(pod.spec.name))
             status = pod.status()
             trailer = (
                 f"--- dlrover-kfp {status.phase} {pod.spec.name}: reason={status.reason}"
@@ -509,22 +576,39 @@ class LocalBackend:
             )
 
     def _stop_pods(self, pods: Iterable[_Pod], grace_s: float) -> None:
-        """SIGTERM every group, wait up to ``grace_s`` in total, SIGKILL what is left. Runs
-        without the lock so that statuses and the watchdog go on meanwhile."""
-        pods = [p for p in pods if p.process is not None]
-        for pod in pods:
+        """SIGTERM every group, wait up to ``grace_s`` in total (less once ``cut_short`` says
+        so), SIGKILL what is left. Runs without the lock so that statuses and the watchdog go
+        on meanwhile."""
+        waiting = [p for p in pods if p.process is not None]
+        for pod in waiting:
             assert pod.process is not None
             _kill_group(pod.process.pid, signal.SIGTERM)
         deadline = time.monotonic() + max(0.0, grace_s)
-        for pod in pods:
+        cut = False
+        while waiting:
+            still = []
+            for pod in waiting:
+                assert pod.process is not None
+                returncode = pod.process.poll()
+                if returncode is None:
+                    still.append(pod)
+                else:
+                    self._finish(pod, returncode)
+            waiting = still
+            if not waiting:
+                break
+            cut = self._cut_short()
+            if cut or time.monotonic() >= deadline:
+                break
+            time.sleep(_STOP_POLL_S)
+        why = "grace period cut short" if cut else f"ignored SIGTERM for {grace_s:g}s"
+        for pod in waiting:
             assert pod.process is not None
-            try:
-                returncode = pod.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                logger.info("pod %s ignored SIGTERM for %gs: SIGKILL", pod.spec.name, grace_s)
-                _kill_group(pod.process.pid, signal.SIGKILL)
-                returncode = pod.process.wait()
-            self._finish(pod, returncode)
+            logger.info("pod %s %s: SIGKILL", pod.spec.name, why)
+            _kill_group(pod.process.pid, signal.SIGKILL)
+        for pod in waiting:
+            assert pod.process is not None
+            self._finish(pod, pod.process.wait())
 
     def _remove_groups(self, patience_s: float = 0.0) -> None:
         """Remove finished pods' cgroups; a group whose processes are still exiting is kept
@@ -592,6 +676,182 @@ class LocalBackend:
                 self._finish(pod, pod.process.wait(timeout=1.0))
 
 
+@dataclass(frozen=True, slots=True)
+class _Owner:
+    """Which backend started a pod: the master's pid, its start time in clock ticks since boot
+    (a pid is reused; the pair is not) and a token (several backends in one process)."""
+
+    pid: int
+    started: int
+    token: str
+
+    @classmethod
+    def me(cls) -> _Owner:
+        return cls(os.getpid(), _start_ticks(os.getpid()) or 0, secrets.token_hex(3))
+
+    @classmethod
+    def parse(cls, text: str) -> _Owner | None:
+        pid, _, rest = text.partition("-")
+        started, _, token = rest.partition("-")
+        if not (pid.isdigit() and started.isdigit() and token):
+            return None
+        return cls(int(pid), int(started), token)
+
+    def alive(self) -> bool:
+        """Whether the master that owns these pods still runs."""
+        return _start_ticks(self.pid) == self.started
+
+    def __str__(self) -> str:
+        return f"{self.pid}-{self.started}-{self.token}"
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22);
+    None if it does not exist, or is a zombie: it has ended. Without /proc: psutil's time."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        with contextlib.suppress(psutil.Error):
+            process = psutil.Process(pid)
+            if process.status() != psutil.STATUS_ZOMBIE:
+                return round(float(process.create_time()) * 100)
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _marked(select: Callable[[str, str, str], bool]) -> dict[int, str]:
+    """Live processes whose :data:`POD_OWNER_ENV` (owner, pod, log dir) ``select`` accepts:
+    pid -> pod name. Reads ``/proc/<pid>/environ`` (a process's environment at its start; only
+    processes of this user or, as root, all); nothing where there is no /proc."""
+    key = POD_OWNER_ENV.encode() + b"="
+    found: dict[int, str] = {}
+    me = os.getpid()
+    for pid in _pids():
+        if pid == me:
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:  # gone, or another user's
+            continue
+        for entry in environ.split(b"\0"):
+            if entry.startswith(key):
+                owner, _, rest = entry[len(key) :].decode(errors="replace").partition(" ")
+                pod, _, where = rest.partition(" ")
+                if select(owner, pod, where) and _start_ticks(pid) is not None:
+                    found[pid] = pod
+                break
+    return found
+
+
+def _pids() -> Iterator[int]:
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                yield int(entry.name)
+
+
+def _kill(pids: dict[int, str]) -> dict[int, str]:
+    """SIGKILL each process (and the process group it leads: a pod); returns those signalled."""
+    done = {}
+    for pid, pod in pids.items():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(pid) == pid:
+                _kill_group(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+            done[pid] = pod
+    return done
+
+
+def _wait_gone(pids: Iterable[int], patience_s: float) -> None:
+    """Wait until the processes have ended (a zombie has: its parent reaps it when it can)."""
+    deadline = time.monotonic() + patience_s
+    left = [p for p in pids if _start_ticks(p) is not None]
+    while left and time.monotonic() < deadline:
+        time.sleep(_STOP_POLL_S)
+        left = [p for p in left if _start_ticks(p) is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class ReapedPods:
+    """What :func:`reap_pods` removed of a log directory's dead masters: the pod processes it
+    killed (pid -> pod name, ``"?"`` for a process found only in a group) and the cgroups it
+    removed; ``left`` names what could not be removed."""
+
+    processes: dict[int, str] = field(default_factory=dict)
+    cgroups: tuple[Path, ...] = ()
+    left: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.processes or self.cgroups or self.left)
+
+
+def reap_pods(log_dir: Path) -> ReapedPods:
+    """Kill the pod processes and remove the cgroups that local backends of ``log_dir`` left
+    when their master died without closing them (SIGKILL, a crash of the interpreter).
+
+    A pod process is recognised by its :data:`POD_OWNER_ENV` (this log directory, an owner
+    that no longer runs) or by being in a cgroup such a backend recorded; pods of a backend
+    whose master still runs, and every other process on the machine, are left alone. The
+    caller should hold the run's output directory (no master may start pods in it meanwhile).
+    """
+    log_dir = Path(log_dir)
+    if not log_dir.is_dir():
+        return ReapedPods()
+    where = str(log_dir.resolve())
+    records: dict[Path, list[Path]] = {}  # a dead backend's record -> its cgroups
+    left: list[str] = []
+    for record in sorted(log_dir.glob(f"{_STATE_PREFIX}*.json")):
+        try:
+            data = json.loads(record.read_text())
+            owner = _Owner.parse(str(data["owner"]))
+            groups = [Path(str(g)) for g in data.get("cgroups") or []]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            left.append(f"{record}: unreadable ({exc})")
+            continue
+        if owner is not None and owner.alive():
+            continue
+        records[record] = groups
+
+    def dead_pod(owner: str, _pod: str, pod_dir: str) -> bool:
+        parsed = _Owner.parse(owner)
+        return pod_dir == where and parsed is not None and not parsed.alive()
+
+    victims = _marked(dead_pod)
+    for groups in records.values():
+        for group in groups:
+            for pid in sorted(cg.tree_pids(group) - {os.getpid()}):
+                victims.setdefault(pid, "?")
+    killed = _kill(victims)
+    _wait_gone(killed, _REAP_PATIENCE_S)
+    removed, busy = _remove_trees([g for groups in records.values() for g in groups])
+    left += [f"cgroup {g}: busy" for g in busy]
+    for record, groups in records.items():
+        if not set(groups) & set(busy):
+            record.unlink(missing_ok=True)
+    return ReapedPods(processes=killed, cgroups=tuple(removed), left=tuple(left))
+
+
+def _remove_trees(groups: list[Path]) -> tuple[list[Path], list[Path]]:
+    """Remove each group tree, retrying a busy one (its last killed tasks still exiting) for
+    up to :data:`_REAP_PATIENCE_S`; returns (removed groups, roots left busy)."""
+    removed: list[Path] = []
+    deadline = time.monotonic() + _REAP_PATIENCE_S
+    while True:
+        busy = []
+        for group in groups:
+            gone, stays = cg.remove_tree(group)
+            removed += gone
+            if stays:
+                busy.append(group)
+        if not busy or time.monotonic() >= deadline:
+            return removed, busy
+        groups = busy
+        time.sleep(_STOP_POLL_S)
+
+
 def _kill_group(pgid: int, sig: int) -> None:
     """Signal a pod's process group; an empty group (all exited) is fine.
 
@@ -599,6 +859,23 @@ def _kill_group(pgid: int, sig: int) -> None:
     """
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+#: Bytes of a failed pod's log read back for its last error line (a traceback's tail).
+_LOG_TAIL_BYTES = 16 * 1024
+
+
+def _last_error(path: Path) -> str | None:
+    """The last error line (:func:`~dlrover_kfp.backends.api.last_error_line`) the pod's
+    latest incarnation wrote to its log; the log is appended across relaunches, so only what
+    follows its last launch header counts."""
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - _LOG_TAIL_BYTES))
+            tail = log.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    return last_error_line(tail.rpartition(f"{BACKEND_LOG_PREFIX}launch ")[2])
 
 
 def _oom_kills(group: cg.PodGroup) -> int:

@@ -38,7 +38,8 @@ _HISTORY_HELP = (
 )
 _WHERE = f"""
 Where the history lives: --history, else ${ENV_VAR}, else history.db in the user's data
-directory. A plain path means a SQLite file; PostgreSQL is e.g.
+directory. A plain path means a SQLite file, created in an existing directory (a directory
+that does not exist is refused as a typo; the default's is created); PostgreSQL is e.g.
 postgresql://user:password@host:5432/db (the password is never printed)."""
 
 

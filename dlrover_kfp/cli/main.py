@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from dlrover_kfp import __version__
 from dlrover_kfp.cli import (
+    cleanup_cmd,
     compile_cmd,
     history_cmd,
     model_cmd,
@@ -26,11 +27,13 @@ from dlrover_kfp.cli import (
     simulate_cmd,
 )
 from dlrover_kfp.errors import EXIT_TRANSIENT, EXIT_USER_ERROR, PermanentError, TransientError
+from dlrover_kfp.runtime import signals
 
 _COMMANDS = (
     quickstart_cmd,
     plan_cmd,
     run_cmd,
+    cleanup_cmd,
     model_cmd,
     history_cmd,
     schema_cmd,
@@ -79,9 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TransientError as exc:
         print(f"dlrover-kfp: temporary failure, retry later: {exc}", file=sys.stderr)
         return EXIT_TRANSIENT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        # The run released its pods, cgroups and shared memory on the way here.
         print("dlrover-kfp: interrupted", file=sys.stderr)
-        return 130
+        return signals.exit_code(exc)
     return code
 
 

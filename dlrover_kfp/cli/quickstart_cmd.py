@@ -9,6 +9,7 @@ from typing import Any
 
 from dlrover_kfp.cli.common import HELP_FORMAT
 from dlrover_kfp.cli.progress import TerminalProgress
+from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.history import resolve_history_url
 from dlrover_kfp.quickstart import (
     DEFAULT_ROWS,
@@ -57,6 +58,13 @@ def _run(args: argparse.Namespace) -> int:
         print("dlrover-kfp: error: --rounds: must be at least 1", file=sys.stderr)
         return 2
     output = Path(args.output_dir)
+    if not args.history:
+        # The default history goes in the output directory, which must exist first: a
+        # history path whose directory does not exist is refused (a typo, not a new history).
+        try:
+            output.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserInputError(f"--output-dir {output}: cannot create it: {exc}") from None
     url = resolve_history_url(args.history or str(output / "history.db"), {})
 
     def report(result: RoundResult) -> None:

@@ -85,6 +85,13 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the initial model")
     parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start a new run even if OUTPUT_DIR holds an unfinished one (by default it is "
+        "resumed, and refused if its job spec or data changed since): the earlier run's files "
+        "move to OUTPUT_DIR/archive/<its run id>/",
+    )
+    parser.add_argument(
         "--plan",
         metavar="PLAN.json",
         help="start from this plan (`dlrover-kfp plan`'s output, a pipeline's plan step) "
@@ -207,6 +214,7 @@ def _run(args: argparse.Namespace) -> int:
             resume=True,
             plan=plan,
             record=record,
+            fresh=args.fresh,
         )
         if url is not None and not record and not result.succeeded:
             result = record_run(url, result, progress)

@@ -20,6 +20,11 @@ if TYPE_CHECKING:
 #: Resident memory of a Python process with torch loaded and nothing trained (MiB), measured
 #: as ~280-350 MiB for the CPU wheel; rounded up.
 RUNTIME_MB = 384
+#: The bar below which a pod is refused before launch: the low end of that measurement less 10%
+#: (280 · 0.9 ≈ 256). Plans keep RUNTIME_MB's margin; a refusal must be sure, so a user's own
+#: tight figure that runs is never refused: a PS given 512 MiB for a 1M-row model ran here,
+#: 125 MiB under the planning figure.
+RUNTIME_MIN_MB = 256
 #: Optimizer slots per embedding value: Adagrad keeps one accumulator per weight.
 OPTIMIZER_SLOTS = 1
 #: Copies of the PS state in memory: the live tensors and the flash checkpoint's shared-memory

@@ -126,13 +126,28 @@ def record_profile(url: str, profile: JobProfile) -> bool:
 
 
 def _prepare_sqlite_file(url: URL) -> None:
-    """Create the directory of a SQLite file (the default one may not exist yet)."""
+    """Check the place of a SQLite file; create the default one's directory.
+
+    A new history file is created in an existing directory only: a history path whose
+    directory does not exist is far more often a typo (``~/runs/histroy/...``) than a wish,
+    and creating it would silently start an empty history, so every run would cold-start.
+    The default location is the exception: a first run creates it.
+    """
     raw = sqlite_path(url)
     if raw is None or raw.startswith("file:"):
         return
     path = Path(raw)
     if path.is_dir():
         raise UserInputError(f"{path}: is a directory, expected a history database file")
+    if path.parent.is_dir():
+        return
+    if path.parent.exists():
+        raise UserInputError(f"{path}: {path.parent} is not a directory")
+    if path.absolute() != default_history_path().absolute():
+        raise UserInputError(
+            f"{path}: its directory {path.parent} does not exist; check the history path, or "
+            "create the directory to start a new history there"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

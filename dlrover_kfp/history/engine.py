@@ -9,19 +9,22 @@ Three things live here because both the store (``sql.py``) and the migrations ne
   is locked" *without* waiting when another process committed in between (WAL snapshots cannot
   be upgraded); taking the write lock up front turns that into an orderly wait.
 * **Error meaning.** A driver error becomes a :class:`HistoryUnavailableError` (locked, server
-  down: retrying may help), a :class:`HistoryCorruptError` (not our database, damaged schema) or a
-  :class:`UserInputError` (wrong password, no such database, unusable path).
+  down: retrying may help), a :class:`HistoryDiskFullError` (the store's disk is full: no retry
+  frees it), a :class:`HistoryCorruptError` (not our database, damaged schema) or a
+  :class:`UserInputError` (wrong password, no such database, a read-only or unusable path).
 * **Secrets.** Every message names the store by :func:`describe_url`, which hides the password.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -33,6 +36,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from dlrover_kfp.errors import (
     DlroverKfpError,
     HistoryCorruptError,
+    HistoryDiskFullError,
     HistoryUnavailableError,
     UserInputError,
 )
@@ -51,7 +55,13 @@ _WRITE_OPTION = "dlrover_kfp_write"
 _PG_TRANSIENT_CLASSES = ("08", "53", "57", "58")
 _PG_TRANSIENT_STATES = frozenset({"40001", "40P01", "55P03"})
 
-_SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR", "SQLITE_FULL")
+_SQLITE_TRANSIENT = ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_IOERR")
+
+#: Free space (bytes) below which SQLite's "disk I/O error" is read as a full disk. Recording a
+#: profile writes the 32 KiB WAL index and the profile's pages (tens to hundreds of KiB), so a
+#: disk with under 1 MiB free fails with ENOSPC, which SQLite reports as a plain I/O error.
+DISK_FULL_BELOW_BYTES = 1 << 20
+
 _SQLITE_CORRUPT = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
 _SQLITE_UNUSABLE = ("SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PERM", "SQLITE_AUTH")
 
@@ -203,10 +213,20 @@ def classify_error(exc: sa_exc.DBAPIError, where: str, secret: str | None) -> Dl
             return UserInputError(f"{where}: the server refused the login: {text}")
         if state == "3D000":
             return UserInputError(f"{where}: no such database: {text}")
+        if state == "53100":  # disk_full: the server's disk, freed by no retry
+            return HistoryDiskFullError(f"{where}: disk full on the database server: {text}")
         if state.startswith(_PG_TRANSIENT_CLASSES) or state in _PG_TRANSIENT_STATES:
             return HistoryUnavailableError(f"{where}: {text}")
         if state in ("42P01", "42703"):
             return HistoryCorruptError(f"{where}: the history schema is damaged: {text}")
+    missing = _MISSING_DATABASE.search(text)
+    if missing:
+        # psycopg 3 raises a failed connection's FATAL 3D000 with no SQLSTATE, like a login:
+        # a database that does not exist will not exist on a retry either.
+        return UserInputError(
+            f"{where}: the server has no database {missing.group(1)!r}: create it "
+            "(CREATE DATABASE) or fix the database name in the URL"
+        )
     if _REFUSED_LOGIN.search(text):
         # psycopg 3 raises a failed connection's login refusal with no SQLSTATE: a wrong
         # password is the user's to fix, not a transient error to retry.
@@ -215,6 +235,9 @@ def classify_error(exc: sa_exc.DBAPIError, where: str, secret: str | None) -> Dl
         return HistoryUnavailableError(f"{where}: cannot reach the history database: {text}")
     return HistoryCorruptError(f"{where}: database error: {text}")
 
+
+#: How PostgreSQL words a connection to a database that does not exist (FATAL 3D000).
+_MISSING_DATABASE = re.compile(r"database \"([^\"]*)\" does not exist")
 
 #: How PostgreSQL words a refused login (FATAL 28P01 / 28000), as the driver quotes it.
 _REFUSED_LOGIN = re.compile(
@@ -227,13 +250,47 @@ def _classify_sqlite(orig: sqlite3.Error, text: str, where: str) -> DlroverKfpEr
     damaged = "not a database" in text or "malformed" in text
     if name.startswith(_SQLITE_CORRUPT) or (isinstance(orig, sqlite3.DatabaseError) and damaged):
         return HistoryCorruptError(f"{where}: not a dlrover-kfp history database ({text})")
+    if name.startswith("SQLITE_FULL") or (name.startswith("SQLITE_IOERR") and _disk_full(where)):
+        return HistoryDiskFullError(
+            f"{where}: disk full: the history cannot be written ({text}); free space on its disk"
+        )
     if name.startswith(_SQLITE_TRANSIENT) or "locked" in text:
         return HistoryUnavailableError(f"{where}: the history database is busy ({text})")
     if name.startswith(_SQLITE_UNUSABLE):
-        return UserInputError(f"{where}: cannot use this history database file ({text})")
+        return UserInputError(f"{where}: {_why_unusable(where)} ({text})")
     if "no such table" in text or "no such column" in text:
         return HistoryCorruptError(f"{where}: the history schema is damaged ({text})")
     return HistoryCorruptError(f"{where}: database error ({text})")
+
+
+def _disk_full(where: str) -> bool:
+    """Whether the disk of the SQLite file ``where`` has (next to) no space left."""
+    try:
+        fs = os.statvfs(Path(where).parent)
+    except (OSError, ValueError):
+        return False
+    # Root may write into the blocks the file system keeps back for it; others may not.
+    free = fs.f_bfree if os.geteuid() == 0 else fs.f_bavail
+    return free * fs.f_frsize < DISK_FULL_BELOW_BYTES
+
+
+def _why_unusable(where: str) -> str:
+    """Why SQLite could not open or write the file ``where``, as far as the file system says:
+    a read-only mount and a directory without write permission read alike to SQLite ("unable
+    to open database file", "attempt to write a readonly database")."""
+    path = Path(where)
+    directory = path.parent
+    try:
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except (OSError, ValueError):
+        return "cannot use this history database file"
+    if read_only:
+        return f"read-only file system: {directory} is mounted read-only"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"read-only: no permission to write in {directory}"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "read-only: no permission to write the file"
+    return "cannot use this history database file"
 
 
 #: ``password=...`` of a libpq connection string, its value bare or single-quoted.

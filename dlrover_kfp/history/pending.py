@@ -1,10 +1,12 @@
 """Profiles waiting for their history store: kept on disk when the store is locked or down.
 
 A run that ends while its history store cannot be written (SQLite locked by a long writer,
-PostgreSQL restarting or unreachable) must not lose its profile: the profile is what makes
-tomorrow's run start near its optimum. :func:`record_or_keep` records it, or, on a *transient*
-store error (:class:`~dlrover_kfp.errors.HistoryUnavailableError`), writes it to the store's
-pending directory with an event that says why. The next successful record into the same store
+PostgreSQL restarting or unreachable, the history's disk full) must not lose its profile: the
+profile is what makes tomorrow's run start near its optimum. :func:`record_or_keep` records
+it, or, on a *transient* store error (:class:`~dlrover_kfp.errors.HistoryUnavailableError`) or
+a full disk (:class:`~dlrover_kfp.errors.HistoryDiskFullError`), writes it to the store's
+pending directory with an event that says why (on a full disk from the run's reserved space,
+:mod:`dlrover_kfp.runtime.reserve`). The next successful record into the same store
 records what is pending first (:func:`record_pending`), and ``dlrover-kfp record --pending``
 does it on demand. A permanent error (a bad URL, a damaged schema) is raised as before: waiting
 would not fix it.
@@ -29,9 +31,9 @@ import platformdirs
 
 from dlrover_kfp.core.documents import to_json
 from dlrover_kfp.core.profile import JobEvent, JobProfile
-from dlrover_kfp.errors import HistoryUnavailableError, UserInputError
+from dlrover_kfp.errors import HistoryDiskFullError, HistoryUnavailableError, UserInputError
 from dlrover_kfp.files import read_document, write_atomic
-from dlrover_kfp.history import record_profile
+from dlrover_kfp.history import record_profile, resolve_history_url
 from dlrover_kfp.history.engine import mask_url_text
 
 log = logging.getLogger(__name__)
@@ -50,7 +52,9 @@ def pending_root(environ: Mapping[str, str] = os.environ) -> Path:
 
 def pending_dir(url: str, environ: Mapping[str, str] = os.environ) -> Path:
     """The directory of ``url``'s pending profiles: sha256 of the URL without its password
-    and its options (a SQLite busy timeout, say, does not make another store), 16 hex."""
+    and its options (a SQLite busy timeout, say, does not make another store), 16 hex. A
+    plain path counts as its ``sqlite:///`` URL, as everywhere a history URL is taken."""
+    url = resolve_history_url(url, {})
     key = hashlib.sha256(mask_url_text(url).split("?", 1)[0].encode()).hexdigest()[:16]
     return pending_root(environ) / key
 
@@ -68,10 +72,17 @@ class RecordOutcome:
     drained: tuple[str, ...] = ()
 
 
-def keep_pending(url: str, profile: JobProfile, environ: Mapping[str, str] = os.environ) -> Path:
-    """Write ``profile`` to ``url``'s pending directory (atomically; one file per run id)."""
+def keep_pending(
+    url: str,
+    profile: JobProfile,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    reserve: Path | None = None,
+) -> Path:
+    """Write ``profile`` to ``url``'s pending directory (atomically; one file per run id),
+    from the space ``reserve`` holds back if the disk is full."""
     path = pending_dir(url, environ) / f"{_safe_name(profile.run_id)}.json"
-    write_atomic(path, to_json(profile) + "\n")
+    write_atomic(path, to_json(profile) + "\n", reserve=reserve)
     return path
 
 
@@ -93,24 +104,37 @@ def record_pending(url: str, environ: Mapping[str, str] = os.environ) -> list[tu
 
 
 def record_or_keep(
-    url: str, profile: JobProfile, environ: Mapping[str, str] = os.environ
+    url: str,
+    profile: JobProfile,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    reserve: Path | None = None,
 ) -> RecordOutcome:
     """Record ``profile`` (after any pending ones of the same store), or keep it on disk with
-    an event that says why when the store is unavailable; see the module docstring."""
+    an event that says why when the store is unavailable or its disk full (see the module
+    docstring); ``reserve``: the run's reserved space (:func:`keep_pending`)."""
     try:
         drained = tuple(run_id for run_id, _ in record_pending(url, environ))
         new = record_profile(url, profile)
-    except HistoryUnavailableError as exc:
+    except (HistoryUnavailableError, HistoryDiskFullError) as exc:
         where = pending_dir(url, environ)
+        then = (
+            "free space on its disk, then run `dlrover-kfp record --pending`"
+            if isinstance(exc, HistoryDiskFullError)
+            else "it is recorded by the next run into this history or by "
+            "`dlrover-kfp record --pending`"
+        )
         event = JobEvent(
             time=profile.outcome.jct_seconds,
             kind="failure",
-            detail=f"history unavailable at record time ({exc}); the profile is kept in {where} "
-            "and is recorded by the next run into this history or by "
-            "`dlrover-kfp record --pending`",
+            detail=f"history unavailable at record time ({exc}); the profile is kept in {where}: "
+            f"{then}",
         )
         kept = keep_pending(
-            url, dataclasses.replace(profile, events=(*profile.events, event)), environ
+            url,
+            dataclasses.replace(profile, events=(*profile.events, event)),
+            environ,
+            reserve=reserve,
         )
         log.warning("history unavailable: the profile of %s is kept in %s", profile.run_id, kept)
         return RecordOutcome(profile.run_id, recorded=False, kept=kept)

@@ -52,7 +52,27 @@ def checked_summary(profile: JobProfile, source: str | None = None) -> JobSummar
             _check_number(where, field.name, value, bound)
     for obs in summary.observations:
         _check_number(where, "samples.throughput", obs.throughput, _INT64_MAX)
+    _check_metrics(where, profile)
     return summary
+
+
+def _check_metrics(where: str, profile: JobProfile) -> None:
+    """Refuse metrics no run can have: an AUC outside [0, 1], a negative loss (log loss is
+    >= 0). Warm start and the reports rank jobs by them, so one impossible value would rank an
+    imported profile above every real one. NaN passes: a diverged run's metrics are NaN, and
+    its profile (the record that it diverged) must still be kept."""
+    metrics = profile.metrics
+    # NaN compares false both ways, so it passes these checks.
+    if metrics.auc is not None and (metrics.auc < 0 or metrics.auc > 1):
+        raise UserInputError(f"{where}: metrics.auc: must be within [0, 1] (got {metrics.auc})")
+    for key, value in (("metrics.loss", metrics.loss), ("metrics.train_loss", metrics.train_loss)):
+        if value is not None and value < 0:
+            raise UserInputError(f"{where}: {key}: must be at least 0 (got {value})")
+    for k, sample in enumerate(profile.samples):
+        if sample.loss is not None and sample.loss < 0:
+            raise UserInputError(
+                f"{where}: samples[{k}].loss: must be at least 0 (got {sample.loss})"
+            )
 
 
 def _check_number(where: str, key: str, value: float, bound: int) -> None:

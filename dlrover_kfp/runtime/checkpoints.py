@@ -24,6 +24,17 @@ log = logging.getLogger("dlrover_kfp.checkpoints")
 #: Seconds between polls of the PS's persist status.
 _POLL_S = 0.05
 
+#: Seconds any one request to a PS may take (connect, ``checkpoint``, ``checkpoint_status``,
+#: ``shutdown``). The longest answer is the snapshot's copy into shared memory, which blocks
+#: training: ~0.09 s per GiB measured (training/ps_server.py), under 3 s for a 32 GiB PS; the
+#: rest answer in milliseconds. A PS that takes 10 s is frozen (SIGSTOPped, its node hung): the
+#: request fails, the checkpoint with it, and nothing of the master waits on it longer.
+RPC_TIMEOUT_S = 10.0
+#: Seconds a checkpoint's persist may take (polled, each poll bounded by RPC_TIMEOUT_S): the
+#: PS write their part to disk behind training, at disk speed, so this bounds a slow disk, not
+#: a frozen PS.
+PERSIST_TIMEOUT_S = 600.0
+
 
 class CheckpointCoordinator:
     """Coordinates the job's PS through one control connection each."""
@@ -35,19 +46,24 @@ class CheckpointCoordinator:
         secret: bytes,
         *,
         keep: int = 3,
-        timeout_s: float = 600.0,
+        timeout_s: float = PERSIST_TIMEOUT_S,
+        rpc_timeout_s: float = RPC_TIMEOUT_S,
         prune_tmp: bool = True,
     ) -> None:
         """``prune_tmp``: remove every unfinished ``step-N.tmp`` (a crashed run's); not while
-        another coordinator of the job may still be writing one (a live PS switch's)."""
+        another coordinator of the job may still be writing one (a live PS switch's).
+        ``timeout_s`` bounds a checkpoint's persist, ``rpc_timeout_s`` every single request."""
         self.root = root
         self.keep = keep
         self.timeout_s = timeout_s
+        self.rpc_timeout_s = rpc_timeout_s
         root.mkdir(parents=True, exist_ok=True)
         ckpt.prune_checkpoints(root, keep, all_tmp=prune_tmp)
         self.connections: list[Connection] = [
-            connect(address, secret, timeout=timeout_s) for address in ps_addresses
+            connect(address, secret, timeout=rpc_timeout_s) for address in ps_addresses
         ]
+        #: set by :meth:`close`: a checkpoint still waiting for its persist gives up
+        self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.committed: list[tuple[int, Path]] = []
@@ -131,16 +147,21 @@ class CheckpointCoordinator:
         except BaseException as exc:
             self.error = exc
             log.error("checkpoint of step %d failed: %s", step, exc)
+            # Its parts are never restored from; on a full disk they hold the space that the
+            # next checkpoint and the run's profile need.
+            ckpt.discard_unfinished(self.root, step)
 
     def _wait_persisted(self, conn: Connection, step: int) -> ckpt.PartRecord:
         deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._closing.is_set():
             status = conn.request("checkpoint_status").meta
             if status["step"] == step and status["done"]:
                 if status["error"]:
                     raise ckpt.CheckpointWriteError(f"PS persist failed: {status['error']}")
                 return ckpt.PartRecord.from_dict(status["part"])
             time.sleep(_POLL_S)
+        if self._closing.is_set():
+            raise ckpt.CheckpointWriteError(f"step {step} abandoned: the coordinator closed")
         raise ckpt.CheckpointWriteError(f"step {step} not persisted within {self.timeout_s:.0f}s")
 
     def shutdown_ps(self, indices: Collection[int] | None = None) -> None:
@@ -151,6 +172,15 @@ class CheckpointCoordinator:
                 conn.request("shutdown")
 
     def close(self) -> None:
-        self.join()
+        """Let a checkpoint in flight end, for at most ``rpc_timeout_s``, then give it up (not
+        committed) and close the connections: the master's cleanup, and a rollback after a
+        PS died or froze, never wait longer on a PS than one request may take."""
+        if self._thread is not None:
+            self._thread.join(self.rpc_timeout_s)
+        self._closing.set()
         for conn in self.connections:
-            conn.close()
+            conn.abort()  # wakes the checkpoint thread if it still waits on a PS
+        if self._thread is not None:
+            self._thread.join(self.rpc_timeout_s)
+            if self._thread.is_alive():
+                log.warning("a checkpoint thread still runs after the coordinator closed")

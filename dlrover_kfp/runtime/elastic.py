@@ -37,6 +37,9 @@ evaluate, profile) with its two hooks filled in:
   after an OOM, or the job fails after repeated failures. A failed PS (the same policy) rolls
   the whole job back to its last committed checkpoint (:meth:`_restore_from_checkpoint`):
   every PS restores it, the master restores the shard ledger and counts committed with it.
+  A *frozen* PS (SIGSTOPped, hung, its node gone: no usage report and no answer to a probe,
+  :mod:`~dlrover_kfp.runtime.liveness`) is killed and handled the same way; a new PS of a
+  live change that freezes abandons the change (the old PS serve on).
 
 * **restart**: with ``resume``, a master started again on the output directory of a run whose
   master was killed goes on from that run's last committed checkpoint, at the shape and with
@@ -83,6 +86,7 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import PermanentError, TransientError
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.job import JobFailedError, Progress, RunSettings, StaticRun
+from dlrover_kfp.runtime.liveness import WatchedPs
 from dlrover_kfp.runtime.master import MasterState, PsSwitch
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.master_protocol import USAGE_INTERVAL_S
@@ -101,6 +105,12 @@ _PAUSE_SHARDS = 4
 #: hung): a switch does not wait for it. Two and a half report intervals leave room for one
 #: late report of a busy process, whose reporting thread needs the GIL only briefly.
 _SILENT_S = 2.5 * USAGE_INTERVAL_S
+#: Seconds a new PS of a switch may run (its pod started, by the backend) without a first usage
+#: report before it is frozen. A pod reports before it loads torch (training/node.py main):
+#: ~0.25 s of CPU after the interpreter starts, 1 s in a quarter-core pod; five report
+#: intervals leave a contended node ten times that. A pod still scheduled or pulling its
+#: image is not running yet: the startup timeout (startup_timeout_s, 180 s) covers that.
+_FIRST_REPORT_S = 5 * USAGE_INTERVAL_S
 
 
 #: How the backend's reasons map to the relaunch policy's causes.
@@ -182,6 +192,10 @@ class ElasticRun(StaticRun):
         self.migration: Migration = migration
         #: the pod name of each PS index (a moved PS gets a new pod and name)
         self._ps_pods: dict[int, str] = {k: self._pod_name("ps", k) for k in range(plan.ps.count)}
+        #: the generation of each PS index's pod (the key of its usage reports)
+        self._ps_gens: dict[int, int] = dict.fromkeys(range(plan.ps.count), 0)
+        #: per new PS pod of a switch, when the backend first said it runs
+        self._running_since: dict[str, float] = {}
         #: seconds training was paused by each PS change
         self.ps_pauses: list[float] = []
         #: threads stopping the PS a switch replaced, once their checkpoint is committed
@@ -206,36 +220,117 @@ class ElasticRun(StaticRun):
             if key in self._handled:
                 continue
             self._handled.add(key)
-            role = status.role
-            group = self.ps if role == "ps" else self.workers
-            cause = _CAUSES.get(status.reason or "Error", ExitCause.ERROR)
-            stop = PodExit(
-                node=status.name,
-                role=role,
-                cause=cause,
-                exit_code=status.exit_code,
-                time=t,
-                cpu=group.cpu,
-                memory_mb=group.memory_mb,
-            )
-            self.events.append(
-                JobEvent(
-                    time=round(t, 3),
-                    kind="oom" if cause is ExitCause.OOM_KILLED else "failure",
-                    node=status.name,
-                    detail=self._describe_failure(status),
-                )
-            )
-            decision = decide_relaunch(stop, self._stops, self.planner)
-            self._stops.append(stop)
-            if isinstance(decision, FailJob):
-                raise JobFailedError(decision.reason)
+            decision = self._decide_stop(status, t)
             if isinstance(decision, NoRelaunch):
                 continue
-            if role == "ps":
+            if status.role == "ps":
                 self._restore_from_checkpoint(status.name, decision, t)
                 return  # every pod was replaced: the statuses seen are stale
             self._relaunch_worker(status.name, status.index, decision, t)
+        self._handle_frozen_ps(t)
+
+    def _decide_stop(self, status: PodStatus, t: float) -> Relaunch | NoRelaunch:
+        """A failed pod's event (``oom`` or ``failure``, with the cause from its log) and the
+        relaunch policy's decision; raises :class:`JobFailedError` when the job must stop."""
+        cause = _CAUSES.get(status.reason or "Error", ExitCause.ERROR)
+        group = self.ps if status.role == "ps" else self.workers
+        launched = self._launched.get(status.name)
+        stop = PodExit(
+            node=status.name,
+            role=status.role,
+            cause=cause,
+            exit_code=status.exit_code,
+            time=t,
+            cpu=group.cpu,
+            # What the pod had: a relaunched pod may have more than its group.
+            memory_mb=launched.memory_mb if launched is not None else group.memory_mb,
+        )
+        self.events.append(
+            JobEvent(
+                time=round(t, 3),
+                kind="oom" if cause is ExitCause.OOM_KILLED else "failure",
+                node=status.name,
+                detail=self._describe_failure(status),
+            )
+        )
+        decision = decide_relaunch(stop, self._stops, self.planner)
+        self._stops.append(stop)
+        if isinstance(decision, FailJob):
+            raise JobFailedError(decision.reason)
+        return decision
+
+    def _start_failed(self, pod: PodStatus) -> None:
+        """A pod failed before every PS registered. A PS (OOM-killed building its rows: the
+        model's footprint estimate was below what it really needs) goes to the relaunch policy
+        as one failing while training does: relaunched in place, bigger after an OOM, with its
+        event, or the job fails after repeated failures. No worker has trained on this PS set
+        yet, so nothing rolls back."""
+        key = (pod.name, pod.started_at)
+        if pod.role != "ps":
+            super()._start_failed(pod)
+            return
+        if key in self._handled:
+            return  # already relaunched: the backend still shows the old pod
+        self._handled.add(key)
+        # On the run's timeline, from the wall clock: the loop's own clock starts with training.
+        t = max(0.0, (pod.finished_at or time.time()) - self.started_wall)
+        decision = self._decide_stop(pod, t)
+        if isinstance(decision, NoRelaunch):  # a PS that exits 0 before it serves
+            super()._start_failed(pod)
+            return
+        state = self.state
+        with state.lock:
+            state.ps_addresses.pop(pod.index, None)  # it may have registered before it died
+            generation = state.generation
+        group = NodeGroup(count=1, cpu=decision.cpu, memory_mb=decision.memory_mb)
+        self.backend.launch(self._pod("ps", pod.index, group, self.address, generation=generation))
+        self.ps = dataclasses.replace(self.ps, memory_mb=max(self.ps.memory_mb, group.memory_mb))
+        self.plan = dataclasses.replace(self.plan, ps=self.ps)
+        self.events.append(
+            JobEvent(time=round(t, 3), kind="relaunch", node=pod.name, detail=decision.reason)
+        )
+        self.progress(f"{self.run_id}: {decision.reason}")
+
+    def _watched_ps(self) -> dict[int, WatchedPs]:
+        return {
+            k: WatchedPs(index=k, generation=self._ps_gens.get(k, 0), pod=pod)
+            for k, pod in self._ps_pods.items()
+        }
+
+    def _handle_frozen_ps(self, t: float) -> None:
+        """A frozen PS (:mod:`~dlrover_kfp.runtime.liveness`) is a failed one: it is killed at
+        once (a frozen process cannot act on SIGTERM) and the job rolls back to its last
+        checkpoint, as for a PS that died. It counts against the job as an error exit would:
+        a PS that keeps freezing ends the job instead of rolling it back again and again.
+
+        Called from the main loop only, between switches and rollbacks (both run on this
+        thread), so neither is ever handled twice."""
+        frozen = self.ps_watch.frozen(self._watched_ps())
+        if frozen is None:
+            return
+        detail = self._kill_frozen(frozen)
+        t = self.events[-1].time
+        self.progress(f"{self.run_id}: {frozen.pod}: {detail}")
+        stop = PodExit(
+            node=frozen.pod,
+            role="ps",
+            cause=ExitCause.ERROR,
+            exit_code=None,
+            time=t,
+            cpu=self.ps.cpu,
+            memory_mb=self.ps.memory_mb,
+        )
+        decision = decide_relaunch(stop, self._stops, self.planner)
+        self._stops.append(stop)
+        if isinstance(decision, FailJob):
+            raise JobFailedError(decision.reason.replace("exited with an error", "froze"))
+        if isinstance(decision, Relaunch):
+            # The policy's words are an error exit's; its count (the last parenthesis) holds.
+            count = decision.reason[decision.reason.rfind(" (") :]
+            reason = f"{frozen.pod} froze: relaunched as it was{count}"
+            self._restore_from_checkpoint(
+                frozen.pod, dataclasses.replace(decision, reason=reason), t
+            )
 
     def _restore_from_checkpoint(self, name: str, decision: Relaunch, t: float) -> None:
         """A PS died: the job goes back to its last committed checkpoint, all of it.
@@ -288,6 +383,7 @@ class ElasticRun(StaticRun):
             state.job_config = {**state.job_config, "num_ps": ps.count}
         self.ps = ps
         self._ps_pods = {}
+        self._ps_gens = dict.fromkeys(range(ps.count), generation)
         for k in range(ps.count):
             self._ps_pods[k] = self._pod_name("ps", k, generation)
             self.backend.launch(self._pod("ps", k, ps, self.address, generation=generation))
@@ -618,7 +714,12 @@ class ElasticRun(StaticRun):
                 "restore_choice": None,
             }
             switch = state.switch = PsSwitch(generation, target.count, replaced, config)
+            # An abandoned switch's generation comes again: its pods' reports are not these'.
+            for k in replaced:
+                state.usage.pop(("ps", k, generation), None)
         new_pods = {k: self._pod_name("ps", k, generation) for k in replaced}
+        for name in new_pods.values():
+            self._running_since.pop(name, None)
 
         def launch_new() -> None:
             for k in sorted(replaced):
@@ -628,7 +729,9 @@ class ElasticRun(StaticRun):
         if live:
             # 1. The new PS start (imports, connection) while training goes on.
             launch_new()
-            if not self._await(state, lambda: switch.standby >= replaced, new_pods, "start"):
+            if not self._await(
+                state, lambda: switch.standby >= replaced, new_pods, "start", generation
+            ):
                 return
         # 2. The workers pause; one that does not in time is stopped (its leases return).
         paused = time.monotonic()
@@ -671,7 +774,7 @@ class ElasticRun(StaticRun):
             self._wait_for_terminal(old_pods, timeout_s=10.0)
             launch_new()
         restored = self._await(
-            state, lambda: set(switch.addresses) >= replaced, new_pods, "restore"
+            state, lambda: set(switch.addresses) >= replaced, new_pods, "restore", generation
         )
         if not restored:
             if not live:
@@ -698,6 +801,9 @@ class ElasticRun(StaticRun):
         for name in old_pods:
             self._stopping.add(name)
         self._ps_pods = {k: new_pods.get(k, self._ps_pods.get(k, "")) for k in range(target.count)}
+        self._ps_gens = {
+            k: generation if k in replaced else self._ps_gens.get(k, 0) for k in range(target.count)
+        }
         self._relaunch_workers(unready)
         self.ps_pauses.append(pause)
         detail = (
@@ -744,26 +850,58 @@ class ElasticRun(StaticRun):
         done: Callable[[], bool],
         new_pods: dict[int, str],
         what: str,
+        generation: int,
     ) -> bool:
-        """Wait for the new PS of a switch; on failure or timeout abandon the switch."""
+        """Wait for the new PS of a switch; on failure, freezing or timeout abandon the switch.
+
+        A new PS that is frozen (:meth:`_frozen_new_ps`) is killed and the switch abandoned
+        within _FIRST_REPORT_S of its start or _SILENT_S of its freezing, not at the timeout."""
         deadline = time.monotonic() + self.settings.startup_timeout_s
         while time.monotonic() < deadline:
             with state.lock:
                 if done():
                     return True
-            failed = [
-                s
-                for s in self.backend.statuses()
-                if s.name in new_pods.values() and s.phase.terminal
-            ]
+            statuses = [s for s in self.backend.statuses() if s.name in new_pods.values()]
+            failed = [s for s in statuses if s.phase.terminal]
             if failed:
                 reason = self._describe_failure(failed[0])
+                break
+            frozen = self._frozen_new_ps(state, statuses, generation)
+            if frozen is not None:
+                pod, reason = frozen
+                self._stopping.add(pod)
+                self.backend.delete(pod, grace_s=0.0)  # a frozen process ignores SIGTERM
                 break
             time.sleep(0.005)
         else:
             reason = f"the new PS did not {what} within {self.settings.startup_timeout_s:.0f}s"
         self._abandon_switch(state, new_pods, reason)
         return False
+
+    def _frozen_new_ps(
+        self, state: MasterState, pods: Sequence[PodStatus], generation: int
+    ) -> tuple[str, str] | None:
+        """A new PS of a switch that is frozen, and why: running (by the backend) for
+        _FIRST_REPORT_S without a usage report, or silent for _SILENT_S since its last one.
+        Its reports come from their own thread, started before anything slow (training/node.py),
+        so neither a PS loading torch nor one restoring a checkpoint is silent that long."""
+        now = self.clock()
+        for pod in pods:
+            if pod.phase is not PodPhase.RUNNING:
+                continue
+            since = self._running_since.setdefault(pod.name, now)
+            heard = state.last_heard("ps", pod.index, generation)
+            if heard is None and now - since > _FIRST_REPORT_S:
+                return pod.name, (
+                    f"new PS {pod.name} frozen: no usage report within {now - since:.1f}s of "
+                    "its start; killed, the old PS keep serving"
+                )
+            if heard is not None and now - heard > _SILENT_S:
+                return pod.name, (
+                    f"new PS {pod.name} frozen: no usage report for {now - heard:.1f}s; "
+                    "killed, the old PS keep serving"
+                )
+        return None
 
     def _abandon_switch(self, state: MasterState, new_pods: dict[int, str], reason: str) -> None:
         """Give a PS switch up: the workers go back to the old PS, the new pods stop."""

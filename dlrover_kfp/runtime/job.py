@@ -12,6 +12,7 @@ samples the backend measured and the samples/s the workers reported), the traine
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -42,9 +43,18 @@ from dlrover_kfp.core.shards import ShardLedger
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import TransientError, UserInputError
 from dlrover_kfp.files import write_atomic
+from dlrover_kfp.runtime import signals
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.export import evaluate_and_export
+from dlrover_kfp.runtime.liveness import FrozenPs, PsWatch, WatchedPs
 from dlrover_kfp.runtime.master import MasterService, MasterState
+from dlrover_kfp.runtime.reserve import ProfileReserve
+from dlrover_kfp.runtime.rundir import (
+    RunInputsChangedError,
+    data_files,
+    refuse_changed,
+    run_inputs,
+)
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.data import open_dataset, split_ranges
 from dlrover_kfp.training.node import THREADS_ENV
@@ -137,8 +147,8 @@ def _eta(done: int, total: int, rate: float) -> str:
 RUN_FILE = "run.json"
 
 
-def _unfinished_run(output_dir: Path, job: str) -> dict[str, Any] | None:
-    """The run an earlier master of ``job`` left unfinished in ``output_dir``, if any."""
+def _unfinished_run(output_dir: Path) -> dict[str, Any] | None:
+    """The run an earlier master left unfinished in ``output_dir`` (killed), if any."""
     path = output_dir / RUN_FILE
     try:
         data = json.loads(path.read_text())
@@ -148,7 +158,7 @@ def _unfinished_run(output_dir: Path, job: str) -> dict[str, Any] | None:
         raise UserInputError(f"{path}: unreadable ({exc}); remove it to start afresh") from None
     if not isinstance(data, dict) or not {"run_id", "job", "started_wall"} <= data.keys():
         raise UserInputError(f"{path}: not a run file of dlrover-kfp; remove it to start afresh")
-    return data if data["job"] == job else None
+    return data
 
 
 def pod_name(job: str, role: str, index: int, generation: int = 0) -> str:
@@ -240,11 +250,34 @@ class StaticRun:
         self.resume_from: ckpt.CheckpointChoice | None = None
         #: seconds the run had been going before this master started (a resumed run)
         self._earlier_s = 0.0
-        previous = _unfinished_run(output_dir, spec.name) if resume else None
+        dataset = open_dataset(spec.data, spec.model, base_dir)  # bad data fails before pods
+        self.dataset = dataset
+        #: what decides the rows trained and held out and what is trained (the run file's)
+        self.inputs = run_inputs(
+            spec,
+            dataset,
+            shard_rows=self.settings.shard_rows,
+            eval_fraction=self.settings.eval_fraction,
+        )
+        previous = _unfinished_run(output_dir) if resume else None
         #: the events the earlier master journalled in its run file (a resumed run)
         self.journalled: list[JobEvent] = []
         self._journal_failed = False
         if previous is not None:
+            # Its ledger and counts are of its own rows: resuming onto other inputs would train
+            # a mix of both (or rows that are not there) and report success.
+            recorded = previous.get("inputs")
+            refuse_changed(
+                output_dir / RUN_FILE,
+                recorded if isinstance(recorded, dict) else {"name": previous["job"]},
+                self.inputs if isinstance(recorded, dict) else {"name": spec.name},
+            )
+            if not isinstance(recorded, dict):
+                raise RunInputsChangedError(
+                    f"{output_dir / RUN_FILE}: written by an earlier version, without the inputs "
+                    "it trained on; to start afresh run again with --fresh, or choose another "
+                    "--output-dir"
+                )
             self.journalled = [
                 parse(JobEvent, e, str(output_dir / RUN_FILE), prefix=f"events[{i}].")
                 for i, e in enumerate(previous.get("events") or [])
@@ -273,7 +306,6 @@ class StaticRun:
         #: the last spec built for each pod name (what its self-reported usage is against)
         self._launched: dict[str, PodSpec] = {}
 
-        dataset = open_dataset(spec.data, spec.model, base_dir)  # bad data fails before pods
         self.dataset_rows = sum(dataset.source_rows)
         train, self.eval_ranges = split_ranges(
             dataset.source_rows, self.settings.shard_rows, self.settings.eval_fraction
@@ -362,6 +394,25 @@ class StaticRun:
                 )
             )
             raise JobFailedError(self._describe_failure(failed))
+        # A frozen PS (runtime/liveness.py) fails the job as a failed one does; killed at once,
+        # since a frozen process cannot act on SIGTERM and the cleanup must not wait on it.
+        frozen = self.ps_watch.frozen(
+            {k: WatchedPs(k, 0, self._pod_name("ps", k)) for k in range(self.ps.count)}
+        )
+        if frozen is not None:
+            raise JobFailedError(f"pod {frozen.pod} {self._kill_frozen(frozen)}")
+
+    def _kill_frozen(self, frozen: FrozenPs) -> str:
+        """Kill a frozen PS at once (a stopped process cannot act on SIGTERM, and no cleanup
+        may wait on it), record the failure event, and return its detail."""
+        self._stopping.add(frozen.pod)
+        self.backend.delete(frozen.pod, grace_s=0.0)
+        detail = f"{frozen.detail}: killed"
+        t = self.clock() - self.start  # after the probe
+        self.events.append(
+            JobEvent(time=round(t, 3), kind="failure", node=frozen.pod, detail=detail)
+        )
+        return detail
 
     def _decide(self, state: MasterState, t: float) -> None:
         """After each runtime sample: the elastic run plans and applies here."""
@@ -421,6 +472,7 @@ class StaticRun:
                 loss=loss,
             )
         )
+        self.reserve.add(self.samples[-1])
         try:
             self._journal()
         except UserInputError as exc:  # a full disk, say: the run goes on without its journal
@@ -440,6 +492,7 @@ class StaticRun:
                     "run_id": self.run_id,
                     "job": self.spec.name,
                     "started_wall": self.started_wall,
+                    "inputs": self.inputs,
                     "events": [to_dict(e) for e in self.events],
                 }
             )
@@ -483,6 +536,7 @@ class StaticRun:
 
     def run(self) -> RunResult:
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.reserve = ProfileReserve(self.output_dir)  # a full disk still takes the profile
         checkpoint_dir = self.output_dir / "checkpoints"
         if not self.resumed and checkpoint_dir.exists():
             # A new run owns its directory: an earlier run's checkpoints would be restored by
@@ -538,6 +592,7 @@ class StaticRun:
         self.state = state
         self.address = server.address
         self.checkpoint_dir = checkpoint_dir
+        self.ps_watch = PsWatch(state, self.secret, self.clock)
         try:
             address = server.address
             self.progress(f"{self.run_id}: pod limits: {self.backend.enforcement}")
@@ -559,7 +614,12 @@ class StaticRun:
             self._train(state, start)
             coordinator = self.coordinator
             self._final_checkpoint(state, self._next_checkpoint_step(state))
-            coordinator.shutdown_ps()
+            try:
+                coordinator.shutdown_ps()
+            except (TimeoutError, ConnectionError) as exc:
+                # The model is committed; a PS that does not take its stop is stopped by the
+                # backend in the release below.
+                log.warning("a PS did not take its shutdown (%s); it is stopped instead", exc)
             self._wait_for_exit(timeout_s=30.0)
             model_dir, metrics = evaluate_and_export(
                 self.spec,
@@ -568,6 +628,7 @@ class StaticRun:
                 self.base_dir,
                 self.eval_ranges,
             )
+            self._check_data()  # the held-out rows were read from the files it trained on
             samples, _, loss_sum, bad = state.totals()
             metrics = Metrics(
                 loss=metrics.loss,
@@ -581,20 +642,44 @@ class StaticRun:
             reason = str(exc)
             self.progress(f"{self.run_id}: FAILED: {reason}")
         finally:
-            if coordinator is not None:
-                # The current one: an elastic run replaces it when it restarts the PS.
-                self.coordinator.close()
-            self.backend.close()
-            server.stop()
-            server.close()
-            # The PS's shared-memory snapshots hold memory until unlinked; the disk copies stay.
-            ckpt.cleanup_shm(self.run_id)
+            self._release(server, checkpoints=coordinator is not None)
         jct = self.clock() - start + self._earlier_s
         samples, _, _, _ = state.totals()
         profile = self._profile(status, reason, jct, samples, metrics)
-        write_atomic(self.output_dir / "profile.json", to_json(profile) + "\n")
+        self._write_profile(profile)
         (self.output_dir / RUN_FILE).unlink(missing_ok=True)
         return RunResult(profile=profile, output_dir=self.output_dir, model_dir=model_dir)
+
+    def _write_profile(self, profile: JobProfile) -> None:
+        """``profile.json``, also on a full disk: no pod writes a checkpoint any more, so an
+        unfinished ``step-N.tmp`` is a failed one and goes first; then the profile is written,
+        from the run's reserve if the disk is full. The reserve is kept then (the history is
+        often on the same disk; :func:`~dlrover_kfp.runtime.launch.record_run` releases it)."""
+        ckpt.prune_checkpoints(
+            self.output_dir / "checkpoints", self.settings.keep_checkpoints, all_tmp=True
+        )
+        path = self.output_dir / "profile.json"
+        try:
+            write_atomic(path, to_json(profile) + "\n", reserve=self.reserve.path)
+        except UserInputError as exc:
+            self.progress(f"{self.run_id}: {exc}: the profile is not on disk")
+        if self.reserve.untouched():
+            self.reserve.release()
+
+    @signals.uninterruptible
+    def _release(self, server: Server, *, checkpoints: bool) -> None:
+        """Stop the pods and the master's server and free the run's shared memory: the same on
+        every way out (success, failure, Ctrl-C, SIGTERM, SIGHUP). Stop signals never interrupt
+        it, and a step that fails does not skip the next (a second signal only cuts the pods'
+        grace period short: :mod:`~dlrover_kfp.runtime.signals`)."""
+        with contextlib.ExitStack() as steps:  # run last to first
+            # The PS's shared-memory snapshots hold memory until unlinked; the disk copies stay.
+            steps.callback(ckpt.cleanup_shm, self.run_id)
+            steps.callback(server.close)
+            steps.callback(self.backend.close)
+            if checkpoints:
+                # The current one: an elastic run replaces it when it restarts the PS.
+                steps.callback(self.coordinator.close)
 
     def _new_coordinator(
         self, state: MasterState, *, prune_tmp: bool = True
@@ -626,12 +711,18 @@ class StaticRun:
                     return
             failed = self._failed(self.backend.statuses())
             if failed is not None:
-                raise JobFailedError(self._describe_failure(failed))
+                self._start_failed(failed)
+                start = self.clock()  # a relaunched PS gets the whole start-up time again
             if self.clock() - start > self.settings.startup_timeout_s:
                 raise JobFailedError(
                     f"the PS did not start within {self.settings.startup_timeout_s:.0f}s"
                 )
             time.sleep(0.05)
+
+    def _start_failed(self, pod: PodStatus) -> None:
+        """A pod failed before every PS registered: a static run fails (an elastic one
+        relaunches a PS)."""
+        raise JobFailedError(self._describe_failure(pod))
 
     def _wait_for_exit(self, timeout_s: float) -> None:
         """Let the pods finish on their own (the PS exit after ``shutdown``) before cleanup."""
@@ -642,7 +733,9 @@ class StaticRun:
             time.sleep(0.05)
 
     def _describe_failure(self, pod: PodStatus) -> str:
-        return f"pod {pod.name} {pod.reason or 'failed'} (exit code {pod.exit_code})"
+        """The pod, how it ended and, when its output says, why (its last error line)."""
+        why = f": {pod.message}" if pod.message else ""
+        return f"pod {pod.name} {pod.reason or 'failed'} (exit code {pod.exit_code}){why}"
 
     def _train(self, state: MasterState, start: float) -> None:
         s = self.settings
@@ -678,6 +771,7 @@ class StaticRun:
                     self._sample(state, t, last_sample)
                 return
             if t >= next_sample:
+                self._check_data()
                 last_sample = self._sample(state, t, last_sample)
                 next_sample = t + s.sample_interval_s
                 trained, steps, loss_sum, _ = state.totals()
@@ -711,6 +805,22 @@ class StaticRun:
                     self.progress(f"flash checkpoint of step {steps:,} started")
                 next_checkpoint = t + s.checkpoint_interval_s
 
+    def _check_data(self) -> None:
+        """Fail the run when a data file changed under it (rewritten, appended to, removed):
+        its shards are row ranges of the files as they were, so the rows trained since would
+        be others than the ledger counts; a stat per file per sample is cheap."""
+        now = data_files(self.dataset)
+        changed = [
+            f"{key[len('data.file[') : -1]} ({self.inputs.get(key)} -> {value})"
+            for key, value in now.items()
+            if self.inputs.get(key) != value
+        ]
+        if changed:
+            raise JobFailedError(
+                f"data: {'; '.join(changed)} changed during the run; the rows trained are no "
+                "longer the rows counted: run again with --fresh to train the new data"
+            )
+
     def _stop_lingering(self, running: list[PodStatus], idle_s: float, t: float) -> None:
         """Workers still running ``idle_s`` after the last shard was done: nothing is left for
         them, so each is frozen or stuck; stop it, and say so in the profile."""
@@ -739,10 +849,17 @@ class StaticRun:
                 if attempt == FINAL_CHECKPOINT_ATTEMPTS:
                     raise JobFailedError(
                         f"the final checkpoint of step {step:,} failed {attempt} times ({exc}); "
-                        "run the same command again to resume from the last committed one"
+                        f"the committed ones stay in {self.checkpoint_dir}"
                     ) from None
                 time.sleep(delay)
                 delay *= 2
+            except (TimeoutError, ConnectionError) as exc:
+                # A PS that froze or went away after the last shard: no answer within the
+                # master's bounded RPC time (runtime/checkpoints.py), so no model to export.
+                self._checkpoint_failed(exc, self.clock() - self.start)
+                raise JobFailedError(
+                    f"the final checkpoint of step {step:,}: a PS did not answer ({exc})"
+                ) from None
 
     def _checkpoint_failed(self, failure: BaseException, t: float) -> None:
         """A periodic checkpoint failed (a full disk, a PS gone mid-write): training goes on,

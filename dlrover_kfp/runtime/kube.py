@@ -34,6 +34,7 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings, trainer_pod
 from dlrover_kfp.runtime.launch import run_job
+from dlrover_kfp.runtime.rundir import hold_output_dir
 from dlrover_kfp.training.wire import new_secret
 
 #: Where the run's volume is mounted in every pod unless told otherwise.
@@ -146,19 +147,24 @@ def run_kubernetes(
     planner: PlannerSettings | None = None,
     plan: ResourcePlan | None = None,
     record: bool = True,
+    fresh: bool = False,
 ) -> RunResult:
-    """:func:`run_job` with the pods on Kubernetes (cluster planner settings by default)."""
+    """:func:`run_job` with the pods on Kubernetes (cluster planner settings by default),
+    holding ``output_dir`` as :func:`~dlrover_kfp.runtime.launch.run_local` does."""
     # the client library is an extra; imported only when a run starts
     from dlrover_kfp.backends.kubernetes import KubernetesBackend, load_client  # noqa: PLC0415
 
     check_output_dir(opts, output_dir)
     kube = kube_settings(opts)
     api = load_client(opts.kubeconfig, opts.context)
-    with KubernetesBackend(api, kube, job=spec.name) as backend:
+    with (
+        hold_output_dir(output_dir, fresh=fresh, progress=progress) as held,
+        KubernetesBackend(api, kube, job=spec.name) as backend,
+    ):
         return run_job(
             spec,
             backend,
-            output_dir=output_dir,
+            output_dir=held,
             base_dir=base_dir,
             settings=settings,
             progress=progress,

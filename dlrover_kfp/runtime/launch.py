@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import signal
 from pathlib import Path
-from types import FrameType
 
 from dlrover_kfp.backends import ClusterBackend, LocalBackend
 from dlrover_kfp.core.documents import to_json
@@ -22,23 +20,26 @@ from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import read_document, write_atomic
+from dlrover_kfp.history import open_history
 from dlrover_kfp.history.pending import record_or_keep
-from dlrover_kfp.planning import known_points, local_planner_settings, plan_start
+from dlrover_kfp.planning import check_plan, known_points, local_planner_settings, plan_start
+from dlrover_kfp.runtime import signals
 from dlrover_kfp.runtime.elastic import ElasticRun
-from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings, StaticRun
+from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings, StaticRun, static_groups
+from dlrover_kfp.runtime.reserve import reserve_path
+from dlrover_kfp.runtime.rundir import hold_output_dir
 
 log = logging.getLogger(__name__)
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def unwind_on_sigterm() -> None:
-    """Make SIGTERM (Kubernetes, Airflow, kill) unwind like Ctrl-C, so that the backend stops
-    every pod of a run in progress. For a command's main thread."""
-    signal.signal(signal.SIGTERM, _terminate)
+    """Make SIGTERM (Kubernetes, Airflow, kill), SIGHUP (the terminal or ssh session closed)
+    and SIGINT (Ctrl-C, once or more) end a run the same clean way: pods stopped, cgroups
+    removed, shared memory released, the run left resumable; a second signal only cuts grace
+    periods short (:mod:`dlrover_kfp.runtime.signals`). For a command's main thread."""
+    signals.install()
 
 
 def run_job(
@@ -70,6 +71,11 @@ def run_job(
     """
     run: StaticRun
     if static:
+        if history_url is not None:
+            # A static run reads no history, but it records into one: a store that cannot be
+            # opened should fail the command now, not after the whole job has trained.
+            open_history(history_url).close()
+        check_plan(spec, *static_groups(spec), source="resources (a --static run)")
         run = StaticRun(
             spec,
             backend,
@@ -84,8 +90,11 @@ def run_job(
         planner = planner or local_planner_settings()
         if plan is None:
             plan, known = plan_start(spec, history_url, planner)
+            source = f"the starting plan ({plan.stage.value})"
         else:
             known = known_points(history_url, plan)
+            source = "the given plan (--plan)"
+        check_plan(spec, plan.workers, plan.ps, source=source)
         progress(f"{spec.name}: starting plan ({plan.stage.value}): {plan.reason}")
         run = ElasticRun(
             spec,
@@ -109,14 +118,23 @@ def run_job(
 def record_run(history_url: str, result: RunResult, progress: Progress) -> RunResult:
     """Record the run's profile, or keep it on disk when the store is unavailable
     (:func:`~dlrover_kfp.history.pending.record_or_keep`): then the run's ``profile.json``
-    gets the event that says so, and the result carries it."""
-    outcome = record_or_keep(history_url, result.profile)
-    for run_id in outcome.drained:
-        progress(f"history: recorded the pending profile of {run_id}")
-    if outcome.kept is None:
-        return result
-    profile = read_document(JobProfile, outcome.kept)
-    write_atomic(result.output_dir / "profile.json", to_json(profile) + "\n")
+    gets the event that says so, and the result carries it. On a full disk both writes use
+    the run's reserved space (:mod:`~dlrover_kfp.runtime.reserve`), released at the end."""
+    reserve = reserve_path(result.output_dir)
+    try:
+        outcome = record_or_keep(history_url, result.profile, reserve=reserve)
+        for run_id in outcome.drained:
+            progress(f"history: recorded the pending profile of {run_id}")
+        if outcome.kept is None:
+            return result
+        profile = read_document(JobProfile, outcome.kept)
+        text = to_json(profile) + "\n"
+        try:
+            write_atomic(result.output_dir / "profile.json", text, reserve=reserve)
+        except UserInputError as exc:  # the pending copy has the event; this one does not
+            progress(f"{exc}")
+    finally:
+        reserve.unlink(missing_ok=True)
     progress(f"{profile.events[-1].detail}")
     return dataclasses.replace(result, profile=profile)
 
@@ -134,13 +152,19 @@ def run_local(
     resume: bool = False,
     plan: ResourcePlan | None = None,
     record: bool = True,
+    fresh: bool = False,
 ) -> RunResult:
-    """:func:`run_job` with the pods as local processes (their logs under ``logs/``)."""
-    with LocalBackend(output_dir / "logs") as backend:
+    """:func:`run_job` with the pods as local processes (their logs under ``logs/``), holding
+    ``output_dir`` for the whole run (:func:`~dlrover_kfp.runtime.rundir.hold_output_dir`: a
+    second run into it is refused; with ``fresh`` an earlier run's files are archived first)."""
+    with (
+        hold_output_dir(output_dir, fresh=fresh, progress=progress) as held,
+        LocalBackend(held / "logs", cut_short=signals.hurried) as backend,
+    ):
         return run_job(
             spec,
             backend,
-            output_dir=output_dir,
+            output_dir=held,
             base_dir=base_dir,
             settings=settings,
             progress=progress,

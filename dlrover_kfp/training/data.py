@@ -16,7 +16,9 @@ adjacent ranges gives exactly the rows of their union, so shards can be cut anyw
 
 **Criteo files.** The released files (1 TB and Kaggle) are tab separated without a header; the
 copies that circulate in examples are comma separated, some with a ``label,I1,..,C26`` header,
-some with CRLF line ends. :class:`CriteoFiles` looks at the first line of each file: the
+some with CRLF line ends, a few (saved by old Mac tools) with CR alone. :class:`CriteoFiles`
+reads a file's line end from its first block (CR when it holds a CR and no LF, else LF) and
+looks at its first line: the
 separator is a tab if that line holds one, else a comma; the line is a header if its first
 field is not a number (so a header-less file whose first row has a non-numeric label loses that
 row silently rather than counting it as bad). Each file is indexed once, in one pass of numpy
@@ -62,7 +64,7 @@ import glob
 import hashlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, Protocol, runtime_checkable
 
@@ -255,11 +257,11 @@ class LineIndex:
         return int(self.marks[first]), int(self.marks[last]), start - first * self.stride
 
 
-def _content_end(f: BinaryIO, size: int) -> tuple[int, int, int]:
+def _content_end(f: BinaryIO, size: int, newline: int = _NEWLINE) -> tuple[int, int, int]:
     """Scan back from the end for the last byte that is not ``\\r``/``\\n``.
 
     Returns (its position or -1, newlines after it, the end of its line: just past the first
-    newline after it, or the file size).
+    newline after it, or the file size). ``newline`` is the file's line end byte.
     """
     newlines, line_end, pos = 0, size, size
     while pos > 0:
@@ -268,7 +270,7 @@ def _content_end(f: BinaryIO, size: int) -> tuple[int, int, int]:
         block = np.frombuffer(f.read(pos - low), dtype=np.uint8)
         content = np.flatnonzero((block != _NEWLINE) & (block != _CR))
         tail = block[content[-1] + 1 :] if len(content) else block
-        breaks = np.flatnonzero(tail == _NEWLINE)
+        breaks = np.flatnonzero(tail == newline)
         newlines += len(breaks)
         if len(breaks):
             line_end = low + (int(content[-1]) + 1 if len(content) else 0) + int(breaks[0]) + 1
@@ -278,31 +280,56 @@ def _content_end(f: BinaryIO, size: int) -> tuple[int, int, int]:
     return -1, newlines, line_end
 
 
-def index_lines(path: str, skip_header: bool, stride: int = 256) -> LineIndex:
+def index_lines(
+    path: str, skip_header: bool, stride: int = 256, newline: bytes = b"\n"
+) -> LineIndex:
     """Index a file's data lines (see :class:`LineIndex`) in one pass of numpy over its bytes.
 
     File line ``i`` starts at 0 (i = 0) or just past newline ``i - 1``; data line ``j`` is file
     line ``j + h`` (``h = 1`` with a header). Newline ``m`` therefore starts data line
     ``m + 1 - h``, kept when that is a multiple of ``stride``. Trailing lines of only ``\\r`` and
-    ``\\n`` are not rows; a last line without its newline is.
+    ``\\n`` are not rows; a last line without its newline is. ``newline`` is the file's line
+    end (:func:`line_end`).
     """
     h = 1 if skip_header else 0
+    end = ord(newline)
     parts: list[IntArray] = [np.zeros(1, dtype=np.int64)] if h == 0 else []
     seen = 0  # newlines before this chunk
     size = 0
     with open(path, "rb") as f:
         while chunk := f.read(_INDEX_CHUNK):
-            breaks = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == _NEWLINE)
+            breaks = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == end)
             first = -(seen + 1 - h) % stride  # first break here that starts a kept line
             parts.append(breaks[first::stride].astype(np.int64) + (size + 1))
             seen += len(breaks)
             size += len(chunk)
-        last, tail_newlines, data_end = _content_end(f, size)
+        last, tail_newlines, data_end = _content_end(f, size, end)
     # Lines up to the last content byte: the newlines before it, plus its own line.
     rows = max(seen - tail_newlines + 1 - h, 0) if last >= 0 else 0
     kept = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
     marks = np.append(kept[: -(-rows // stride)], np.int64(data_end))
     return LineIndex(rows=rows, stride=stride, marks=marks)
+
+
+#: Bytes of a file's start that decide its line end: many lines of any Criteo layout.
+_LINE_END_PROBE = 1 << 16
+
+
+def line_end(head: bytes) -> bytes:
+    """A file's line end from its first bytes: CR alone when they hold a CR and no LF (old Mac
+    line ends, which would otherwise read as one line and "no data rows"), else LF (CRLF lines
+    keep their CR, which the parser strips)."""
+    return b"\r" if b"\r" in head and b"\n" not in head else b"\n"
+
+
+def _lines(f: BinaryIO, newline: bytes) -> Iterator[bytes]:
+    """The lines of ``f`` from where it is, without their ``newline``, a block at a time."""
+    rest = b""
+    while block := f.read(_LINE_END_PROBE):
+        *done, rest = (rest + block).split(newline)
+        yield from done
+    if rest:
+        yield rest
 
 
 def _numbers(cells: Sequence[bytes]) -> F64Array:
@@ -408,25 +435,29 @@ class CriteoFiles:
         self._table_sizes = _check_tables(table_sizes)
         self._dense_features = dense_features
         self._paths = tuple(os.fspath(p) for p in paths)
+        #: per file: (separator, has a header, line end)
         self._layouts = tuple(self._open(p) for p in self._paths)
         self._stride = index_stride
         self._indexes: list[LineIndex | None] = [None] * len(self._paths)
 
     @staticmethod
-    def _open(path: str) -> tuple[bytes, bool]:
+    def _open(path: str) -> tuple[bytes, bool, bytes]:
         """The file's layout; raises if it is missing, unreadable or holds no data row."""
         try:
             with open(path, "rb") as f:
-                first = f.readline()
+                newline = line_end(f.read(_LINE_END_PROBE))
+                f.seek(0)
+                lines = _lines(f, newline)
+                first = next(lines, b"")
                 sep, header = _detect_layout(first)
-                line = f.readline() if header else first
-                while line and not line.strip(b"\r\n"):  # blank lines after the header
-                    line = f.readline()
+                line = next(lines, None) if header else first
+                while line is not None and not line.strip(b"\r\n"):  # blank lines
+                    line = next(lines, None)
         except OSError as exc:
             raise UserInputError(f"{path}: cannot read Criteo file ({exc.strerror})") from exc
         if not line:
             raise UserInputError(f"{path}: Criteo file has no data rows")
-        return sep, header
+        return sep, header, newline
 
     def line_index(self, source: int) -> LineIndex:
         """The file's line index, built on first use. Two threads that race here both build it
@@ -435,7 +466,8 @@ class CriteoFiles:
         if index is None:
             path = self._paths[source]
             try:
-                index = index_lines(path, self._layouts[source][1], self._stride)
+                _, header, newline = self._layouts[source]
+                index = index_lines(path, header, self._stride, newline)
             except OSError as exc:
                 raise UserInputError(f"{path}: cannot read ({exc.strerror})") from exc
             if index.rows == 0:
@@ -473,10 +505,10 @@ class CriteoFiles:
                 chunk = f.read(end - begin)
         except OSError as exc:
             raise UserInputError(f"{path}: cannot read ({exc.strerror})") from exc
-        lines = chunk.split(b"\n")[skip : skip + rows.rows]
+        sep, _, newline = self._layouts[rows.source]
+        lines = chunk.split(newline)[skip : skip + rows.rows]
         if len(lines) != rows.rows:
             raise UserInputError(f"{path}: file changed since it was indexed")
-        sep = self._layouts[rows.source][0]
         return parse_criteo_lines(lines, sep, self._table_sizes, self._dense_features)
 
 

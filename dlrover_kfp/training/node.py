@@ -24,17 +24,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
-import torch
 
 from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.pod_env import POD_CPU_ENV
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import DlroverKfpError
-from dlrover_kfp.training import ps_server
-from dlrover_kfp.training.data import Batch, RowRange, open_dataset
 from dlrover_kfp.training.master_protocol import (
     CONFIG,
     GET_SHARD,
@@ -45,8 +42,6 @@ from dlrover_kfp.training.master_protocol import (
     USAGE,
     USAGE_INTERVAL_S,
 )
-from dlrover_kfp.training.ps_client import RemotePs
-from dlrover_kfp.training.step import Routed, WorkerModel
 from dlrover_kfp.training.wire import (
     Connection,
     Server,
@@ -54,6 +49,14 @@ from dlrover_kfp.training.wire import (
     connect,
     secret_from_env,
 )
+
+# torch and what is built on it load only once the usage reports run (see main()): importing
+# them takes ~2 s of CPU, 8 s and more in a quarter-core pod, and a pod silent for that long
+# could not be told from a frozen one.
+if TYPE_CHECKING:
+    from dlrover_kfp.training.data import Batch
+    from dlrover_kfp.training.ps_client import RemotePs
+    from dlrover_kfp.training.step import Routed, WorkerModel
 
 log = logging.getLogger("dlrover_kfp.node")
 
@@ -106,6 +109,8 @@ def torch_threads(role: str, env: Mapping[str, str]) -> int:
 
 
 def _set_threads(role: str) -> None:
+    import torch  # noqa: PLC0415
+
     torch.set_num_threads(torch_threads(role, os.environ))
     torch.set_num_interop_threads(1)
 
@@ -194,6 +199,8 @@ def _prefetch(
 ) -> None:
     """Lease shards, read their rows and route their mini-batches one shard ahead of training
     (on its own connection to the master)."""
+    from dlrover_kfp.training.data import RowRange, open_dataset  # noqa: PLC0415
+
     try:
         spec = job_spec(config)
         batch_size = spec.training.batch_size
@@ -273,6 +280,8 @@ def _batches(
 
 def _connect_ps(config: dict[str, Any], secret: bytes, synchronous: bool) -> RemotePs:
     """Connections to the PS the master's configuration names, in PS-index order."""
+    from dlrover_kfp.training.ps_client import RemotePs  # noqa: PLC0415
+
     return RemotePs(
         [_reach((str(h), int(p)), secret) for h, p in config["ps"]],
         synchronous=synchronous,
@@ -280,6 +289,10 @@ def _connect_ps(config: dict[str, Any], secret: bytes, synchronous: bool) -> Rem
 
 
 def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> None:
+    import torch  # noqa: PLC0415
+
+    from dlrover_kfp.training.step import WorkerModel  # noqa: PLC0415
+
     name = f"worker-{index}"
     # This process's own lease holder id (see runtime/master.py): a relaunch gets a new one.
     incarnation = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -383,6 +396,8 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
 
 
 def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generation: int = 0) -> None:
+    from dlrover_kfp.training import ps_server  # noqa: PLC0415
+
     master = _reach(master_address, secret)
     config = fetch_config(master, "ps", index, generation)
     host = advertise_host(master_address[0])
@@ -484,15 +499,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         format=f"%(asctime)s %(levelname)s {args.role}-{args.index}: %(message)s",
         stream=sys.stderr,
     )
-    _set_threads(args.role)
     try:
         secret = secret_from_env()
+        # First, before torch loads: the master judges a pod silent for a few report
+        # intervals frozen, and a starting pod must not look like one.
         threading.Thread(
             target=report_usage,
             args=(args.master, secret, args.role, args.index, args.generation),
             name="usage",
             daemon=True,
         ).start()
+        _set_threads(args.role)
         if args.role == "ps":
             run_ps(args.index, args.master, secret, args.generation)
         else:

@@ -815,6 +815,16 @@ class Connection:
         if sock is not None:
             sock.close()
 
+    def abort(self) -> None:
+        """Close from another thread: a thread blocked in a send or receive on this connection
+        returns at once with :class:`ConnectionClosedError` (a plain ``close`` would leave it
+        blocked until its timeout, since the kernel keeps the socket while it is in use)."""
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self.close()
+
     def __enter__(self) -> Connection:
         return self
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +24,24 @@ import pytest
 import yaml
 
 from dlrover_kfp.backends import PodPhase, PodSpec, PodStatus
-from dlrover_kfp.backends.k8s_objects import KubernetesSettings, OwnerRef, RetryPolicy
+from dlrover_kfp.backends.k8s_objects import (
+    Holder,
+    KubernetesSettings,
+    OwnerRef,
+    RetryPolicy,
+    micro_time,
+    timestamp,
+)
 from dlrover_kfp.backends.kubernetes import (
+    JobHeldError,
     KubernetesApiError,
     KubernetesBackend,
     KubernetesUnavailableError,
+    LeaseLostError,
     load_client,
+    local_holder,
 )
+from dlrover_kfp.errors import UserInputError
 from tests.backends.test_local_backend import (
     GROW_400_MB,
     SECRET,
@@ -306,7 +318,8 @@ def test_the_role_grants_exactly_the_calls_the_backend_makes(
 ) -> None:
     """Every operation of the backend once: launch (Secret made, then a new value updates it),
     watch, usage, delete, relaunch of a finished pod, close."""
-    with make_backend(api, tmp_path) as b:
+    # A short lease, so that its renewals (get + update) happen within the test.
+    with make_backend(api, tmp_path, lease_duration_s=3, lease_renew_s=0.3) as b:
         b.launch(quick("test-worker-0", SLEEP_FOREVER))
         b.launch(
             PodSpec(
@@ -338,6 +351,252 @@ def test_the_role_grants_exactly_the_calls_the_backend_makes(
         for verb in rule["verbs"]
     }
     assert used == granted, f"used but not granted: {used - granted}; unused: {granted - used}"
+
+
+# -- one master per job: the job's Lease ---------------------------------------------------------
+
+LEASE = "test-master"
+
+
+def _lease(api: FakeApiServer) -> dict[str, Any]:
+    lease = api.get_object("leases", NAMESPACE, LEASE)
+    assert lease is not None, "no lease"
+    return lease
+
+
+def _freeze(b: KubernetesBackend) -> None:
+    """As a master SIGKILLed (or frozen) looks from the cluster: it stops renewing its lease
+    and releases nothing. Its renewal thread is stopped; the rest of the object is left as
+    it was, so that a test can let it wake up again (:func:`_thaw`)."""
+    b._lease_stop.set()
+    b._renewer.join(timeout=10)
+
+
+def _thaw(b: KubernetesBackend) -> None:
+    """A frozen master (:func:`_freeze`) resumes: its renewals start again."""
+    b._lease_stop.clear()
+    b._renewer = threading.Thread(target=b._renew_loop, daemon=True)
+    b._renewer.start()
+
+
+def test_a_second_master_of_the_job_is_refused_while_the_first_runs(
+    api: FakeApiServer, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """Issue 25 item 1 on a cluster: a second master of the same job in the same namespace (a
+    KFP retry, a re-run task) would replace the first one's Secret and pods; it is refused at
+    once, naming the live holder, and the first one's objects are untouched."""
+    with make_backend(api, tmp_path) as first:
+        first.launch(quick("test-worker-0", SLEEP_FOREVER))
+        wait_for(first, "test-worker-0", running, 20)
+        pods = {p["metadata"]["name"]: p["metadata"]["uid"] for p in api.list_objects("pods")}
+        secret = api.get_object("secrets", NAMESPACE, "test-env")
+        assert secret is not None
+        writes = len([c for c in api.client_calls() if c.verb != "get"])
+        started = time.monotonic()
+        with pytest.raises(JobHeldError) as refused:
+            make_backend(api, tmp_path)
+        took = time.monotonic() - started
+        message = str(refused.value)
+        print(f"\nsecond master refused in {took * 1000:.0f} ms: {message}")
+        assert took < 5.0
+        assert isinstance(refused.value, UserInputError)  # the CLI's exit 2, no traceback
+        assert "\n" not in message and first.holder in message and "renewed" in message
+        assert "test-master" in message and NAMESPACE in message
+        # nothing of the first master's was written: its pods and Secret are as they were
+        assert {p["metadata"]["name"]: p["metadata"]["uid"] for p in api.list_objects("pods")} == (
+            pods
+        )
+        assert api.get_object("secrets", NAMESPACE, "test-env") == secret
+        wrote = [c for c in api.client_calls() if c.verb != "get"][writes:]
+        assert [(c.verb, c.resource, c.code) for c in wrote] == [("create", "leases", 409)]
+        assert running(next(s for s in first.statuses() if s.name == "test-worker-0"))
+        assert _lease(api)["spec"]["holderIdentity"] == first.holder
+
+
+def test_the_lease_is_held_while_open_and_free_after_close(
+    api: FakeApiServer, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    first = make_backend(api, tmp_path)
+    try:
+        first.launch(quick("test-worker-0", SLEEP_FOREVER))
+        lease = _lease(api)
+        assert lease["spec"]["holderIdentity"] == first.holder
+        assert lease["spec"]["leaseDurationSeconds"] == 30
+        assert Holder.parse(first.holder) is not None
+        assert Holder.parse(first.holder).pid == os.getpid()  # type: ignore[union-attr]
+    finally:
+        first.close()
+    assert api.get_object("leases", NAMESPACE, LEASE) is None  # released
+    with make_backend(api, tmp_path) as second:
+        assert _lease(api)["spec"]["holderIdentity"] == second.holder != first.holder
+        second.launch(quick("test-worker-0", "print('ok')"))
+        assert wait_for(second, "test-worker-0", terminal, 20).phase is PodPhase.SUCCEEDED
+    assert api.get_object("leases", NAMESPACE, LEASE) is None
+
+
+def test_a_killed_masters_lease_is_taken_after_its_term_and_not_before(
+    api: FakeApiServer, kubelet: FakeKubelet, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A master that stops renewing (SIGKILLed, frozen) blocks a successor for the lease's
+    term after its last renewal, no longer; if it wakes up, it finds the lease taken and
+    stops acting on the job (refuses to launch or delete, leaves the successor's objects)."""
+    caplog.set_level(logging.INFO, logger="dlrover_kfp.kubernetes")
+    term = 2
+    first = make_backend(api, tmp_path, lease_duration_s=term, lease_renew_s=0.4)
+    try:
+        first.launch(quick("test-worker-0", SLEEP_FOREVER))
+        deadline = time.monotonic() + 10
+        while not any(c.verb == "update" and c.resource == "leases" for c in api.client_calls()):
+            assert time.monotonic() < deadline, "the lease was never renewed"
+            time.sleep(0.05)
+        _freeze(first)
+        renewed = timestamp(_lease(api)["spec"]["renewTime"])
+        assert renewed is not None
+        refusals = 0
+        while True:
+            try:
+                second = make_backend(api, tmp_path, lease_duration_s=term, lease_renew_s=0.4)
+                break
+            except JobHeldError:
+                refusals += 1
+                assert time.time() < renewed + term + 10, "never taken over"
+                time.sleep(0.05)
+        acquired = time.time()
+        try:
+            waited = acquired - renewed
+            print(
+                f"\nsuccessor refused {refusals} times, then took the lease {waited:.2f}s "
+                f"after the last renewal (term {term}s)"
+            )
+            assert refusals > 0
+            assert term <= waited < term + 3.0  # after expiry, not before; soon after
+            lease = _lease(api)
+            assert lease["spec"]["holderIdentity"] == second.holder
+            assert lease["spec"]["leaseTransitions"] == 1
+            assert any("took over lease test-master" in r.getMessage() for r in caplog.records)
+            second.launch(quick("test-worker-0", SLEEP_FOREVER))  # replaces the first's pod
+            wait_for(second, "test-worker-0", running, 20)
+            # the first master wakes up: its next renewal finds the lease another's
+            _thaw(first)
+            deadline = time.monotonic() + 10
+            while first.lease_lost is None:
+                assert time.monotonic() < deadline, "the first never noticed"
+                time.sleep(0.05)
+            assert second.holder in first.lease_lost
+            with pytest.raises(LeaseLostError, match="lost its lease test-master"):
+                first.launch(quick("test-worker-1", SLEEP_FOREVER, index=1))
+            with pytest.raises(LeaseLostError):
+                first.delete("test-worker-0")
+            pod = api.get_object("pods", NAMESPACE, "test-worker-0")
+            first.close()  # leaves the successor's pod, Secret and lease alone
+            assert api.get_object("pods", NAMESPACE, "test-worker-0") == pod
+            assert api.get_object("secrets", NAMESPACE, "test-env") is not None
+            assert _lease(api)["spec"]["holderIdentity"] == second.holder
+        finally:
+            second.close()
+    finally:
+        first.close()
+    assert api.get_object("leases", NAMESPACE, LEASE) is None
+
+
+def test_lease_times_and_identities_keep_their_wire_form() -> None:
+    # a whole second still has its six fraction digits (the client's datetime would drop them
+    # and the API server would refuse the Lease)
+    assert micro_time(1795718585.0) == "2026-11-26T18:43:05.000000Z"
+    assert timestamp(micro_time(1795718585.25)) == 1795718585.25
+    me = local_holder({"POD_NAME": "train-master-x7k2"})
+    assert me.host == "train-master-x7k2" and me.pid == os.getpid()
+    assert Holder.parse(me.identity) == me
+    assert local_holder().identity != local_holder().identity  # two backends of one process
+    assert Holder.parse("some-other-tool") is None
+
+
+def _plant_lease(api: FakeApiServer, holder: str, renewed_ago_s: float) -> None:
+    renewed = time.time() - renewed_ago_s
+    api.create_object(
+        "leases",
+        {
+            "metadata": {"name": LEASE},
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": 30,
+                "acquireTime": micro_time(renewed - 60),
+                "renewTime": micro_time(renewed),
+                "leaseTransitions": 4,
+            },
+        },
+        NAMESPACE,
+    )
+
+
+def test_a_lease_left_by_a_gone_process_of_this_machine_is_taken_at_once(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """A master on this machine that was SIGKILLed a moment ago: its lease is fresh, but its
+    process is gone (an OS fact, as the output directory's lock is), so the same command run
+    again need not wait for the term. One whose process runs is refused; so is a fresh lease
+    of another machine, while a lapsed one is taken."""
+    from kubernetes import client as k8s  # noqa: PLC0415
+
+    admin = k8s.CoordinationV1Api(load_client(str(api.write_kubeconfig(tmp_path / "admin"))))
+    me = local_holder()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    gone = Holder(me.host, int(dead.stdout), me.boot, "0badc0de", 0)
+    _plant_lease(api, gone.identity, renewed_ago_s=1.0)
+    with make_backend(api, tmp_path) as b:
+        assert _lease(api)["spec"]["holderIdentity"] == b.holder
+        assert _lease(api)["spec"]["leaseTransitions"] == 5
+    live = Holder(me.host, os.getppid(), me.boot, "0badc0de", 0)  # pytest's parent runs
+    elsewhere = Holder("another-host", int(dead.stdout), "b007b007b007", "0badc0de", 0)
+    for holder in (live, elsewhere):
+        _plant_lease(api, holder.identity, renewed_ago_s=1.0)
+        with pytest.raises(JobHeldError, match=rf"held by {holder.identity} \(renewed \d+s ago"):
+            make_backend(api, tmp_path)
+        admin.delete_namespaced_lease(LEASE, NAMESPACE)
+    _plant_lease(api, elsewhere.identity, renewed_ago_s=31.0)  # lapsed
+    with make_backend(api, tmp_path) as b:
+        assert _lease(api)["spec"]["holderIdentity"] == b.holder
+
+
+def test_two_masters_taking_over_at_once_one_wins(
+    api: FakeApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both read the lapsed lease at the same version; the other master writes first, so this
+    one's update at that version gets 409 from the API server, and it is refused naming the
+    winner rather than overwriting it."""
+    from kubernetes import client as k8s  # noqa: PLC0415
+
+    _plant_lease(api, "another-host:1:b007:0badc0de-0", renewed_ago_s=60.0)
+    rival = k8s.CoordinationV1Api(load_client(str(api.write_kubeconfig(tmp_path / "rival"))))
+    read = k8s.CoordinationV1Api.read_namespaced_lease
+    raced: list[str] = []
+
+    def read_then_race(self: Any, name: str, namespace: str, **kwargs: Any) -> Any:
+        response = read(self, name, namespace, **kwargs)
+        if not raced:
+            seen = json.loads(response.data)
+            raced.append(seen["metadata"]["resourceVersion"])
+            now = micro_time(time.time())
+            seen["spec"].update(holderIdentity="rival-master", renewTime=now, acquireTime=now)
+            rival.replace_namespaced_lease(name, namespace, seen)
+        return response
+
+    monkeypatch.setattr(k8s.CoordinationV1Api, "read_namespaced_lease", read_then_race)
+    with pytest.raises(JobHeldError, match="held by rival-master"):
+        make_backend(api, tmp_path)
+    updates = [c for c in api.client_calls() if c.resource == "leases" and c.verb == "update"]
+    assert [c.code for c in updates] == [200, 409]  # the rival's, then this master's
+    assert _lease(api)["spec"]["holderIdentity"] == "rival-master"
+
+
+def test_without_rights_on_leases_the_message_says_what_to_apply(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.forbid("create", "leases")
+    with pytest.raises(KubernetesApiError, match=r"403 Forbidden.*re-apply deploy/rbac.yaml"):
+        make_backend(api, tmp_path)
+    assert api.list_objects("secrets", NAMESPACE) == []
 
 
 def _status(b: KubernetesBackend, name: str) -> PodStatus | None:

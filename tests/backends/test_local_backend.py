@@ -17,13 +17,17 @@ have: pids, process groups, log files, the memory watchdog.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import psutil  # type: ignore[import-untyped, unused-ignore]
 import pytest
@@ -40,7 +44,12 @@ from dlrover_kfp.backends import (
     PodSpec,
     PodStatus,
 )
-from dlrover_kfp.backends.local import MIN_USAGE_WINDOW_S, exit_code_of
+from dlrover_kfp.backends.local import (
+    MIN_USAGE_WINDOW_S,
+    POD_OWNER_ENV,
+    exit_code_of,
+    reap_pods,
+)
 from dlrover_kfp.core.profile import Role
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.ports import FixedClock
@@ -309,8 +318,33 @@ SPAWN_GRANDCHILD = (
 )
 
 
+# Starts a grandchild in a session of its own (out of the pod's process group), writes its pid
+# to argv[3], and sleeps.
+ESCAPE_THE_GROUP = (
+    "import pathlib, subprocess, sys, time\n"
+    "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],\n"
+    "                       start_new_session=True)\n"
+    "pathlib.Path(sys.argv[3]).write_text(str(kid.pid))\n"
+    "time.sleep(60)\n"
+)
+# A master with a local backend of its own: launches two pods that sleep, prints their pids and
+# the backend's record file, and waits to be killed.
+MASTER_WITH_PODS = (
+    "import sys, time\n"
+    "from pathlib import Path\n"
+    "from dlrover_kfp.backends import LocalBackend, PodSpec\n"
+    "backend = LocalBackend(Path(sys.argv[1]), cgroups=sys.argv[2])\n"
+    "for i in range(2):\n"
+    "    backend.launch(PodSpec(name=f'ctr-worker-{i}', role='worker', index=i, cpu=1.0,\n"
+    "        memory_mb=100, command=(sys.executable, '-c', 'import time; time.sleep(60)')))\n"
+    "print(backend.pid_of('ctr-worker-0'), backend.pid_of('ctr-worker-1'), flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
 class TestLocalBackend(ClusterBackendContract):
     oom_timeout_s = 3.0
+    cgroups: Literal["auto", "off"] = "auto"
 
     @pytest.fixture
     def backend(self, tmp_path: Path) -> Iterator[LocalBackend]:
@@ -383,6 +417,82 @@ class TestLocalBackend(ClusterBackendContract):
         )
 
         assert wait_dead(int(done.stdout))
+
+    def test_cut_short_ends_the_grace_period_of_a_pod_that_ignores_sigterm(
+        self, tmp_path: Path, pod: Callable[..., PodSpec]
+    ) -> None:
+        hurry = threading.Event()
+        ready = tmp_path / "ready"
+        with LocalBackend(tmp_path / "logs", cgroups=self.cgroups, cut_short=hurry.is_set) as b:
+            b.launch(pod("ctr-worker-0", IGNORE_SIGTERM, extra_args=(str(ready),)))
+            wait_file(ready, 5.0)
+            pid = b.pid_of("ctr-worker-0")
+            threading.Timer(0.3, hurry.set).start()  # a second Ctrl-C, 0.3 s into the grace
+
+            started = time.monotonic()
+            b.close(grace_s=30.0)
+            took = time.monotonic() - started
+
+        assert took < 5.0, took  # not the 30 s grace period
+        assert pid is not None and wait_dead(pid)
+        assert (b.statuses()[0].reason, b.statuses()[0].exit_code) == ("Deleted", 137)
+
+    def test_close_kills_a_pod_process_that_left_the_pods_process_group(
+        self, backend: LocalBackend, pod: Callable[..., PodSpec], tmp_path: Path
+    ) -> None:
+        kid_file = tmp_path / "kid"
+        backend.launch(pod("ctr-worker-0", ESCAPE_THE_GROUP, extra_args=(str(kid_file),)))
+        kid = int(wait_file(kid_file, 5.0))
+        assert os.getpgid(kid) != backend.pid_of("ctr-worker-0")
+
+        backend.close(grace_s=0.5)
+
+        assert wait_dead(kid)  # found by the mark it inherited, though out of the group
+        assert not list((tmp_path / "logs").glob(".local-backend-*"))  # a clean close
+
+    def test_reap_pods_removes_what_a_sigkilled_master_left_and_nothing_else(
+        self, tmp_path: Path, pod: Callable[..., PodSpec]
+    ) -> None:
+        logs = tmp_path / "logs"
+        master = subprocess.Popen(
+            [sys.executable, "-c", MASTER_WITH_PODS, str(logs), self.cgroups],
+            cwd=Path(__file__).parents[2],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert master.stdout is not None
+        dead_pods = [int(p) for p in master.stdout.readline().split()]
+        (record,) = logs.glob(".local-backend-*.json")
+        groups = [Path(g) for g in json.loads(record.read_text())["cgroups"]]
+        os.kill(dead_pods[0], signal.SIGSTOP)  # a frozen one: it would never exit by itself
+        master.kill()
+        master.wait()
+        # What must stay: a live master's pod in the same directory, and a process marked as
+        # a dead master's pod of another directory.
+        other = subprocess.Popen(
+            [sys.executable, "-c", SLEEP_FOREVER],
+            env=os.environ | {POD_OWNER_ENV: f"1-1-dead ctr-worker-0 {tmp_path / 'other'}"},
+        )
+        with LocalBackend(logs, cgroups=self.cgroups) as live:
+            live.launch(pod("ctr-ps-0", SLEEP_FOREVER, role="ps"))
+            live_pid = live.pid_of("ctr-ps-0")
+            try:
+                assert all(alive(pid) for pid in dead_pods)
+                assert all(g.exists() for g in groups)
+
+                reaped = reap_pods(logs)
+
+                assert sorted(reaped.processes) == sorted(dead_pods)
+                assert set(reaped.processes.values()) == {"ctr-worker-0", "ctr-worker-1"}
+                assert all(wait_dead(pid) for pid in dead_pods)
+                assert not any(g.exists() for g in groups)
+                assert all(g in reaped.cgroups for g in groups)
+                assert not record.exists() and reaped.left == ()
+                assert live_pid is not None and alive(live_pid) and alive(other.pid)
+                assert not reap_pods(logs)  # nothing more: idempotent
+            finally:
+                other.kill()
+                other.wait()
 
     def test_leftover_children_die_with_the_main_process(
         self, backend: LocalBackend, pod: Callable[..., PodSpec], tmp_path: Path
@@ -509,6 +619,8 @@ class TestLocalBackend(ClusterBackendContract):
 class TestLocalBackendAccountingOnly(TestLocalBackend):
     """The same behaviour where no cgroup can be made: the watchdog enforces memory and the
     processes' own CPU times are the accounting."""
+
+    cgroups: Literal["auto", "off"] = "off"
 
     @pytest.fixture
     def backend(self, tmp_path: Path) -> Iterator[LocalBackend]:

@@ -48,6 +48,7 @@ EXPECTED_RULES: dict[tuple[str, str], frozenset[str]] = {
     ("", "pods"): frozenset({"create", "get", "list", "watch", "delete"}),
     ("", "secrets"): frozenset({"create", "update", "delete"}),
     ("metrics.k8s.io", "pods"): frozenset({"list"}),
+    ("coordination.k8s.io", "leases"): frozenset({"get", "create", "update", "delete"}),
 }
 
 MASTER_NAME = "dlrover-kfp-master"

@@ -1,7 +1,8 @@
 """A fake Kubernetes API server that speaks the real wire protocol, for tests.
 
 ``FakeApiServer`` serves core/v1 (namespaces, pods with their ``status``, ``binding``,
-``eviction`` and ``log`` subresources, secrets, configmaps, services, events, nodes) and the
+``eviction`` and ``log`` subresources, secrets, configmaps, services, events, nodes),
+``coordination.k8s.io/v1`` leases (MicroTime decoding, no unconditional update) and the
 ``metrics.k8s.io/v1beta1`` PodMetrics API over plain HTTP on ``127.0.0.1``, so that the unmodified
 official ``kubernetes`` Python client and ``kubectl`` work against it::
 
@@ -85,6 +86,7 @@ SERVER_VERSION = {
 DEFAULT_NODE = "fake-node-0"
 METRICS_GROUP = "metrics.k8s.io"
 METRICS_VERSION = "v1beta1"
+COORDINATION_GROUP = "coordination.k8s.io"
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 # --------------------------------------------------------------------------------------------
@@ -716,10 +718,30 @@ class Resource:
     subresources: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     has_status: bool = False
     categories: tuple[str, ...] = ()
+    #: the API group ("" for core/v1, served under /api) and version
+    group: str = ""
+    version: str = "v1"
 
     @property
     def list_kind(self) -> str:
         return self.kind + "List"
+
+    @property
+    def qualified(self) -> str:
+        """``pods`` or ``leases.coordination.k8s.io``, as the server's messages name it."""
+        return f"{self.name}.{self.group}" if self.group else self.name
+
+    def details(self, name: str) -> Json:
+        """A Status's ``details`` for an object of this resource."""
+        out: Json = {"name": name, "kind": self.name}
+        if self.group:
+            out["group"] = self.group
+        return out
+
+    @property
+    def api_version(self) -> str:
+        """``v1`` or ``coordination.k8s.io/v1``: what objects of it carry as ``apiVersion``."""
+        return f"{self.group}/{self.version}" if self.group else self.version
 
 
 _STATUS_SUB = ("", ("get", "patch", "update"))
@@ -776,13 +798,26 @@ RESOURCES: dict[str, Resource] = {
             },
             has_status=True,
         ),
+        # What leader election uses (client-go's leaderelection, the Kubernetes backend's one
+        # master per job): no status, no subresources.
+        Resource("leases", "lease", "Lease", True, group=COORDINATION_GROUP),
     )
 }
 
 
-def _api_resource_list() -> Json:
+def resource_for(group: str, version: str, name: str) -> Resource | None:
+    """The resource a request's URL names, if this server serves it."""
+    res = RESOURCES.get(name)
+    if res is None or (res.group, res.version) != (group, version):
+        return None
+    return res
+
+
+def _api_resource_list(group: str = "") -> Json:
     resources = []
     for res in RESOURCES.values():
+        if res.group != group:
+            continue
         entry: Json = {
             "name": res.name,
             "singularName": res.singular,
@@ -806,7 +841,11 @@ def _api_resource_list() -> Json:
                     "verbs": list(verbs),
                 }
             )
-    return {"kind": "APIResourceList", "groupVersion": "v1", "resources": resources}
+    version = f"{group}/v1" if group else "v1"
+    body: Json = {"kind": "APIResourceList", "groupVersion": version, "resources": resources}
+    if group:
+        body["apiVersion"] = "v1"
+    return body
 
 
 def _metrics_resource_list() -> Json:
@@ -898,6 +937,108 @@ def _decode_quantities(obj: Json) -> None:
                             f'{obj.get("kind", "Pod")} in version "v1" cannot be handled as a'
                             f" {obj.get('kind', 'Pod')}: {QUANTITY_ERROR}",
                         ) from e
+
+
+#: metav1.MicroTime's wire format (Go's ``RFC3339Micro``): exactly six fraction digits.
+MICRO_TIME_LAYOUT = "2006-01-02T15:04:05.000000Z07:00"
+_MICRO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(?:Z|[+-]\d{2}:\d{2})")
+#: LeaseSpec's fields and their Go types (coordination.k8s.io/v1).
+_LEASE_FIELDS = {
+    "holderIdentity": "string",
+    "leaseDurationSeconds": "int32",
+    "acquireTime": "MicroTime",
+    "renewTime": "MicroTime",
+    "leaseTransitions": "int32",
+}
+
+
+def _go_type_name(value: Any) -> str:
+    """How Go's encoding/json names a JSON value it cannot put in a field."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number" if isinstance(value, int) or value.is_integer() else f"number {value}"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
+
+
+def micro_time(text: str) -> str:
+    """A MicroTime as the real server decodes and re-encodes it: RFC 3339 with exactly six
+    fraction digits on the way in (anything else fails JSON decoding), UTC with ``Z`` out.
+    ValueError with Go's message otherwise."""
+    if not _MICRO_TIME.fullmatch(text):
+        rest = text[19:] if len(text) >= 19 else text
+        raise ValueError(
+            f'parsing time "{text}" as "{MICRO_TIME_LAYOUT}": cannot parse "{rest}" as ".000000"'
+        )
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _decode_lease(lease: Json) -> None:
+    """Decode a Lease's spec in place as the API server's JSON decoder does: a field of the
+    wrong JSON type, an int32 out of range or a MicroTime not in ``RFC3339Micro`` fails the
+    request with 400 (before any validation); MicroTimes are re-encoded in UTC."""
+    spec = lease.get("spec")
+    if spec is None:
+        return
+    error = None
+    if not isinstance(spec, dict):
+        error = f"json: cannot unmarshal {_go_type_name(spec)} into Go struct field Lease.spec"
+    else:
+        for name, kind in _LEASE_FIELDS.items():
+            value = spec.get(name)
+            if value is None:
+                spec.pop(name, None)  # null is the zero value: omitted, as Go's omitempty
+                continue
+            where = f"Go struct field LeaseSpec.spec.{name} of type"
+            if kind == "string" and not isinstance(value, str):
+                error = f"json: cannot unmarshal {_go_type_name(value)} into {where} string"
+            elif kind == "int32" and (
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not -(2**31) <= value < 2**31
+            ):
+                error = f"json: cannot unmarshal {_go_type_name(value)} into {where} int32"
+            elif kind == "MicroTime":
+                if not isinstance(value, str):
+                    error = (
+                        f"json: cannot unmarshal {_go_type_name(value)} into Go value of type"
+                        " string"
+                    )
+                else:
+                    try:
+                        spec[name] = micro_time(value)
+                    except ValueError as e:
+                        error = str(e)
+            if error:
+                break
+    if error:
+        raise ApiError(
+            400,
+            "BadRequest",
+            f'Lease in version "v1" cannot be handled as a Lease: {error}',
+        )
+
+
+def _lease_causes(lease: Json) -> list[Cause]:
+    """ValidateLeaseSpec's rules for the fields above."""
+    spec = lease.get("spec") or {}
+    causes = []
+    duration = spec.get("leaseDurationSeconds")
+    if duration is not None and duration <= 0:
+        causes.append(
+            Cause.invalid("spec.leaseDurationSeconds", duration, "must be greater than 0")
+        )
+    transitions = spec.get("leaseTransitions")
+    if transitions is not None and transitions < 0:
+        causes.append(
+            Cause.invalid(
+                "spec.leaseTransitions", transitions, "must be greater than or equal to 0"
+            )
+        )
+    return causes
 
 
 def _default_pod(pod: Json) -> None:
@@ -2006,8 +2147,8 @@ class FakeApiServer:
             raise ApiError(
                 404,
                 "NotFound",
-                f'{res.name} "{name}" not found',
-                {"name": name, "kind": res.name},
+                f'{res.qualified} "{name}" not found',
+                res.details(name),
             )
         return obj
 
@@ -2037,8 +2178,8 @@ class FakeApiServer:
             raise ApiError(
                 400,
                 "BadRequest",
-                f"the API version in the data (v1) does not match the expected API version"
-                f" (v1) or kind {kind} is not {res.kind}",
+                f"the API version in the data ({obj.get('apiVersion')}) does not match the"
+                f" expected API version ({res.api_version}) or kind {kind} is not {res.kind}",
             )
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
@@ -2055,7 +2196,7 @@ class FakeApiServer:
             meta["namespace"] = namespace
         else:
             meta.pop("namespace", None)
-        obj["kind"], obj["apiVersion"] = res.kind, "v1"
+        obj["kind"], obj["apiVersion"] = res.kind, res.api_version
         if not meta.get("name") and meta.get("generateName"):
             alphabet = "bcdfghjklmnpqrstvwxz2456789"
             meta["name"] = meta["generateName"] + "".join(random.choices(alphabet, k=5))
@@ -2066,6 +2207,8 @@ class FakeApiServer:
             _fold_secret(obj)
         elif res.name == "services":
             self._default_service(obj)
+        elif res.name == "leases":
+            _decode_lease(obj)
         elif res.name == "namespaces":
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta.get("name", "")
             obj.setdefault("spec", {"finalizers": ["kubernetes"]})
@@ -2087,8 +2230,10 @@ class FakeApiServer:
                     )
         elif res.name == "events" and not obj.get("involvedObject"):
             causes.append(Cause.required("involvedObject"))
+        elif res.name == "leases":
+            causes += _lease_causes(obj)
         if causes:
-            raise invalid(res.kind, meta.get("name") or "", causes)
+            raise invalid(res.kind, meta.get("name") or "", causes, res.group)
         if res.name == "pods":
             status = {"phase": "Pending", "qosClass": qos_class(obj)}
             obj["status"] = status
@@ -2131,8 +2276,8 @@ class FakeApiServer:
                 raise ApiError(
                     409,
                     "AlreadyExists",
-                    f'{resource} "{name}" already exists',
-                    {"name": name, "kind": resource},
+                    f'{res.qualified} "{name}" already exists',
+                    res.details(name),
                 )
             if dry_run:
                 return obj
@@ -2169,11 +2314,14 @@ class FakeApiServer:
                 raise ApiError(
                     409,
                     "Conflict",
-                    f'Operation cannot be fulfilled on {res.name} "{name}": the object has been'
-                    " modified; please apply your changes to the latest version and try again",
-                    {"name": name, "kind": res.name},
+                    f'Operation cannot be fulfilled on {res.qualified} "{name}": the object has'
+                    " been modified; please apply your changes to the latest version and try"
+                    " again",
+                    res.details(name),
                 )
-            if not rv and require_rv and res.name == "pods":
+            # Leases allow no unconditional update (their strategy's AllowUnconditionalUpdate
+            # is false): the holder's write must prove it read the current version.
+            if not rv and require_rv and res.name in ("pods", "leases"):
                 raise invalid(
                     res.kind,
                     name,
@@ -2190,7 +2338,7 @@ class FakeApiServer:
                 updated["status"] = copy.deepcopy(new.get("status") or {})
             else:
                 updated = copy.deepcopy(new)
-                updated["kind"], updated["apiVersion"] = res.kind, "v1"
+                updated["kind"], updated["apiVersion"] = res.kind, res.api_version
                 umeta = updated["metadata"]
                 for system in (
                     "uid",
@@ -2215,13 +2363,17 @@ class FakeApiServer:
                     _default_pod(updated)
                 elif res.name == "secrets":
                     _fold_secret(updated)
+                elif res.name == "leases":
+                    _decode_lease(updated)
                 causes = _labels_causes(umeta)
                 if res.name == "pods":
                     causes += _validate_pod(updated)
                     if not causes:
                         causes += _pod_update_causes(old, updated)
+                elif res.name == "leases":
+                    causes += _lease_causes(updated)
                 if causes:
-                    raise invalid(res.kind, name, causes)
+                    raise invalid(res.kind, name, causes, res.group)
                 if updated.get("spec") != old.get("spec"):
                     umeta["generation"] = int(old["metadata"].get("generation", 1)) + 1
             if dry_run:
@@ -2300,18 +2452,20 @@ class FakeApiServer:
                 raise ApiError(
                     409,
                     "Conflict",
-                    f'Operation cannot be fulfilled on {res.name} "{name}": Precondition failed:'
+                    f'Operation cannot be fulfilled on {res.qualified} "{name}": Precondition'
+                    " failed:"
                     f" UID in precondition: {pre['uid']}, UID in object meta: {meta.get('uid')}",
-                    {"name": name, "kind": res.name},
+                    res.details(name),
                 )
             if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
                 raise ApiError(
                     409,
                     "Conflict",
-                    f'Operation cannot be fulfilled on {res.name} "{name}": Precondition failed:'
+                    f'Operation cannot be fulfilled on {res.qualified} "{name}": Precondition'
+                    " failed:"
                     f" ResourceVersion in precondition: {pre['resourceVersion']},"
                     f" ResourceVersion in object meta: {meta['resourceVersion']}",
-                    {"name": name, "kind": res.name},
+                    res.details(name),
                 )
             propagation = options.get("propagationPolicy")
             if propagation is None and options.get("orphanDependents") is not None:
@@ -2587,7 +2741,7 @@ class FakeApiServer:
         res = RESOURCES[resource]
         return {
             "kind": res.kind,
-            "apiVersion": "v1",
+            "apiVersion": res.api_version,
             "metadata": {"resourceVersion": str(self._rv)},
         }
 
@@ -3005,9 +3159,10 @@ class _Handler(BaseHTTPRequestHandler):
         if info.group == METRICS_GROUP:
             self._metrics(info)
             return
-        if info.group or info.version != "v1" or info.resource not in RESOURCES:
+        found = resource_for(info.group, info.version, info.resource)
+        if found is None:
             raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        res = RESOURCES[info.resource]
+        res = found
         if res.namespaced and not info.namespace and info.name:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         namespace = info.namespace if res.namespaced else ""
@@ -3049,7 +3204,7 @@ class _Handler(BaseHTTPRequestHandler):
                         200,
                         {
                             "kind": res.list_kind,
-                            "apiVersion": "v1",
+                            "apiVersion": res.api_version,
                             "metadata": meta,
                             "items": items,
                         },
@@ -3132,7 +3287,7 @@ class _Handler(BaseHTTPRequestHandler):
                     200,
                     {
                         "kind": res.list_kind,
-                        "apiVersion": "v1",
+                        "apiVersion": res.api_version,
                         "metadata": {"resourceVersion": str(self.api._rv)},
                         "items": deleted,
                     },
@@ -3168,7 +3323,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif path == "/api/v1":
             self._send_json(200, _api_resource_list())
         elif path == "/apis":
-            groups = []
+            cv = {"groupVersion": f"{COORDINATION_GROUP}/v1", "version": "v1"}
+            groups = [{"name": COORDINATION_GROUP, "versions": [cv], "preferredVersion": cv}]
             if api.serve_metrics:
                 gv = {
                     "groupVersion": f"{METRICS_GROUP}/{METRICS_VERSION}",
@@ -3176,6 +3332,20 @@ class _Handler(BaseHTTPRequestHandler):
                 }
                 groups.append({"name": METRICS_GROUP, "versions": [gv], "preferredVersion": gv})
             self._send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+        elif path == f"/apis/{COORDINATION_GROUP}":
+            cv = {"groupVersion": f"{COORDINATION_GROUP}/v1", "version": "v1"}
+            self._send_json(
+                200,
+                {
+                    "kind": "APIGroup",
+                    "apiVersion": "v1",
+                    "name": COORDINATION_GROUP,
+                    "versions": [cv],
+                    "preferredVersion": cv,
+                },
+            )
+        elif path == f"/apis/{COORDINATION_GROUP}/v1":
+            self._send_json(200, _api_resource_list(COORDINATION_GROUP))
         elif path == f"/apis/{METRICS_GROUP}" and api.serve_metrics:
             gv = {"groupVersion": f"{METRICS_GROUP}/{METRICS_VERSION}", "version": METRICS_VERSION}
             self._send_json(
@@ -3325,13 +3495,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve_watch(self, info: _RequestInfo, from_kubelet: bool) -> None:
         api = self.api
-        if info.group == METRICS_GROUP or info.resource not in RESOURCES or info.group:
+        found = resource_for(info.group, info.version, info.resource)
+        if info.group == METRICS_GROUP or found is None:
             raise ApiError(
                 405 if info.group == METRICS_GROUP else 404,
                 REASONS[405 if info.group == METRICS_GROUP else 404],
                 "the server does not allow this method on the requested resource",
             )
-        res = RESOURCES[info.resource]
+        res = found
         namespace = info.namespace if res.namespaced else ""
         query = dict(info.query)
         if info.name:  # the legacy /watch/.../NAME path

@@ -805,9 +805,10 @@ def test_pod_metrics_api(api: FakeApiServer, tmp_path: Path) -> None:
     assert gone.value.status == 404
 
     groups = client.ApisApi(api_client).get_api_versions()
-    assert [g.name for g in groups.groups] == ["metrics.k8s.io"]
+    assert [g.name for g in groups.groups] == ["coordination.k8s.io", "metrics.k8s.io"]
     api.serve_metrics = False
-    assert client.ApisApi(api_client).get_api_versions().groups == []
+    groups = client.ApisApi(api_client).get_api_versions()
+    assert [g.name for g in groups.groups] == ["coordination.k8s.io"]
     with pytest.raises(ApiException) as absent:
         custom.list_namespaced_custom_object("metrics.k8s.io", "v1beta1", "default", "pods")
     assert absent.value.status == 404
@@ -825,6 +826,162 @@ def test_discovery(api: FakeApiServer, tmp_path: Path) -> None:
     assert [n.metadata.name for n in nodes] == ["fake-node-0"]
     ready = [c for c in nodes[0].status.conditions if c.type == "Ready"]
     assert ready[0].status == "True"
+
+
+# -- coordination.k8s.io/v1 leases -----------------------------------------------------------
+
+
+def lease_body(name: str, **spec: Any) -> Json:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name},
+        "spec": {
+            "holderIdentity": "master-a",
+            "leaseDurationSeconds": 30,
+            "acquireTime": "2026-11-24T05:12:18.000000Z",
+            "renewTime": "2026-11-24T05:12:18.250000+01:00",
+            **spec,
+        },
+    }
+
+
+@pytest.fixture
+def leases(api: FakeApiServer, tmp_path: Path) -> client.CoordinationV1Api:
+    return client.CoordinationV1Api(make_client(api, tmp_path))
+
+
+def test_leases_are_served_discovered_and_audited(
+    leases: client.CoordinationV1Api, api: FakeApiServer, tmp_path: Path
+) -> None:
+    created = leases.create_namespaced_lease("default", lease_body("job-master"))
+    assert created.api_version == "coordination.k8s.io/v1" and created.kind == "Lease"
+    raw = json.loads(
+        leases.read_namespaced_lease("job-master", "default", _preload_content=False).data
+    )
+    # MicroTimes come back in UTC, six fraction digits, as the real server re-encodes them
+    assert raw["spec"]["renewTime"] == "2026-11-24T04:12:18.250000Z"
+    assert raw["spec"]["acquireTime"] == "2026-11-24T05:12:18.000000Z"
+    assert [x.metadata.name for x in leases.list_namespaced_lease("default").items] == [
+        "job-master"
+    ]
+    leases.delete_namespaced_lease("job-master", "default")
+    with pytest.raises(ApiException) as gone:
+        leases.read_namespaced_lease("job-master", "default")
+    status = status_of(gone.value)
+    assert gone.value.status == 404
+    assert status["message"] == 'leases.coordination.k8s.io "job-master" not found'
+    assert status["details"] == {
+        "name": "job-master",
+        "group": "coordination.k8s.io",
+        "kind": "leases",
+    }
+    assert ("coordination.k8s.io", "leases", "create") in api.rbac_verbs()
+    resources = client.CoordinationV1Api(make_client(api, tmp_path)).get_api_resources()
+    assert resources.group_version == "coordination.k8s.io/v1"
+    assert [(r.name, r.namespaced, r.kind) for r in resources.resources] == [
+        ("leases", True, "Lease")
+    ]
+    with pytest.raises(ApiException) as core:  # not a core/v1 resource
+        raw_get_json(api, "/api/v1/namespaces/default/leases")
+    assert core.value.status == 404
+
+
+def raw_get_json(api: FakeApiServer, path: str) -> Json:
+    conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=5)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    body: Json = json.loads(response.read())
+    conn.close()
+    if response.status >= 400:
+        raise ApiException(status=response.status, reason=body.get("reason"))
+    return body
+
+
+def test_a_stale_lease_update_conflicts(leases: client.CoordinationV1Api) -> None:
+    """Optimistic concurrency, as leader election relies on: of two candidates that read the
+    same version, the second writer gets 409; an update must carry a resourceVersion."""
+    leases.create_namespaced_lease("default", lease_body("job-master"))
+    read = leases.read_namespaced_lease("job-master", "default")
+    first = lease_body("job-master", holderIdentity="master-b")
+    first["metadata"]["resourceVersion"] = read.metadata.resource_version
+    taken = leases.replace_namespaced_lease("job-master", "default", first)
+    assert taken.spec.holder_identity == "master-b"
+    assert int(taken.metadata.resource_version) > int(read.metadata.resource_version)
+    second = lease_body("job-master", holderIdentity="master-c")
+    second["metadata"]["resourceVersion"] = read.metadata.resource_version  # stale now
+    with pytest.raises(ApiException) as conflict:
+        leases.replace_namespaced_lease("job-master", "default", second)
+    status = status_of(conflict.value)
+    assert (conflict.value.status, status["reason"]) == (409, "Conflict")
+    assert status["message"].startswith(
+        'Operation cannot be fulfilled on leases.coordination.k8s.io "job-master": the object'
+        " has been modified"
+    )
+    unconditional = lease_body("job-master", holderIdentity="master-c")
+    with pytest.raises(ApiException) as no_version:
+        leases.replace_namespaced_lease("job-master", "default", unconditional)
+    assert no_version.value.status == 422
+    assert "metadata.resourceVersion" in status_of(no_version.value)["message"]
+    assert leases.read_namespaced_lease("job-master", "default").spec.holder_identity == (
+        "master-b"
+    )
+    # a delete on a stale version's precondition is refused too
+    with pytest.raises(ApiException) as stale_delete:
+        leases.delete_namespaced_lease(
+            "job-master",
+            "default",
+            body=client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(
+                    resource_version=read.metadata.resource_version
+                )
+            ),
+        )
+    assert stale_delete.value.status == 409
+
+
+@pytest.mark.parametrize(
+    ("spec", "code", "message"),
+    [
+        (
+            {"holderIdentity": 7},
+            400,
+            "json: cannot unmarshal number into Go struct field LeaseSpec.spec.holderIdentity"
+            " of type string",
+        ),
+        (
+            {"leaseDurationSeconds": "30"},
+            400,
+            "cannot unmarshal string into Go struct field LeaseSpec.spec.leaseDurationSeconds"
+            " of type int32",
+        ),
+        # what the official client sends for a datetime without microseconds: refused
+        (
+            {"renewTime": "2026-11-24T05:12:18+00:00"},
+            400,
+            'parsing time "2026-11-24T05:12:18+00:00" as "2006-01-02T15:04:05.000000Z07:00"',
+        ),
+        ({"acquireTime": "2026-11-24T05:12:18.123Z"}, 400, "cannot parse"),
+        (
+            {"leaseDurationSeconds": 0},
+            422,
+            "spec.leaseDurationSeconds: Invalid value: 0: must be greater than 0",
+        ),
+        (
+            {"leaseTransitions": -1},
+            422,
+            "spec.leaseTransitions: Invalid value: -1: must be greater than or equal to 0",
+        ),
+    ],
+)
+def test_lease_fields_are_decoded_and_validated_like_the_real_server(
+    leases: client.CoordinationV1Api, spec: Json, code: int, message: str
+) -> None:
+    with pytest.raises(ApiException) as refused:
+        leases.create_namespaced_lease("default", lease_body("job-master", **spec))
+    assert refused.value.status == code
+    assert message in status_of(refused.value)["message"]
+    assert leases.list_namespaced_lease("default").items == []
 
 
 # -- kubectl ----------------------------------------------------------------------------------

@@ -242,6 +242,10 @@ def test_a_run_rides_out_an_api_storm_a_throttle_and_an_expired_watch(
     )
 
 
+# 41 s: the local backend's master restart runs in the default suite (test_master_restart.py);
+# a new master taking over the job's lease from a killed one is tested in
+# tests/backends/test_kubernetes_backend.py.
+@pytest.mark.long
 def test_a_master_killed_on_kubernetes_resumes_with_the_same_command(
     tmp_path: Path, cluster: tuple[FakeApiServer, FakeKubelet]
 ) -> None:

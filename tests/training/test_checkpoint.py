@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
@@ -20,6 +21,7 @@ from dlrover_kfp.training.checkpoint import (
     CheckpointBusyError,
     CheckpointChoice,
     CheckpointError,
+    CheckpointWriteError,
     FlashCheckpointer,
     PartMeta,
     PartRecord,
@@ -36,6 +38,7 @@ from dlrover_kfp.training.checkpoint import (
 from dlrover_kfp.training.checkpoint import persist as ck_persist
 from dlrover_kfp.training.checkpoint import restore as ck_restore
 from dlrover_kfp.training.checkpoint import shm as ck_shm
+from tests.chaos.harness import SmallDisk
 
 F32 = npt.NDArray[np.float32]
 ROWS, DIM, DENSE = 1000, 8, 37
@@ -549,3 +552,65 @@ def test_split_copy_threads(root: Path, shm_dir: Path, monkeypatch: pytest.Monke
     assert np.array_equal(arrays["weights"], job.weights)
     assert np.array_equal(arrays["dense_accum"], job.dense_accum)
     cleanup_shm("job-split", shm_dir)
+
+
+# -- a full disk ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A 4 MiB tmpfs (root only: the chaos suite's full disk) for the checkpoints."""
+    disk = SmallDisk(tmp_path / "disk", size_mb=4)
+    try:
+        disk.__enter__()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot mount a tmpfs as the full disk (needs root): {exc}")
+    try:
+        yield disk
+    finally:
+        disk.__exit__()
+
+
+def test_a_persist_on_a_full_disk_leaves_no_partial_files(
+    small_disk: SmallDisk, shm_dir: Path
+) -> None:
+    root = small_disk.path / "ckpt"
+    cluster = Cluster(Job("job-a", 2), root, shm_dir)
+    try:
+        cluster.checkpoint(10)
+        free = small_disk.fill()
+        futures = [cp.save(20, cluster.job.arrays(k))[1] for k, cp in enumerate(cluster.cps)]
+        for future in futures:
+            with pytest.raises(CheckpointWriteError, match="No space left on device"):
+                future.result(timeout=10)
+        # Each PS removed its half-written part, and the step's directory with the last one.
+        assert sorted(p.name for p in root.iterdir()) == ["step-0000000010"]
+        free()
+        assert cluster.checkpoint(30) == root / "step-0000000030"
+    finally:
+        cluster.close()
+
+
+def test_a_commit_on_a_full_disk_removes_its_step(small_disk: SmallDisk, shm_dir: Path) -> None:
+    root = small_disk.path / "ckpt"
+    cluster = Cluster(Job("job-a", 2), root, shm_dir)
+    try:
+        cluster.checkpoint(10)
+        records = cluster.save(20)  # both parts on disk in step-20.tmp
+        free = small_disk.fill()
+        with pytest.raises(CheckpointWriteError, match="No space left on device"):
+            commit(root, 20, records, {"step": 20})
+        assert sorted(p.name for p in root.iterdir()) == ["step-0000000010"]
+        assert list_checkpoints(root) == [10]
+        free()
+    finally:
+        cluster.close()
+
+
+def test_discard_unfinished_removes_only_that_step(cluster2: Cluster, root: Path) -> None:
+    cluster2.checkpoint(10)
+    cluster2.save(20)
+    assert ck.discard_unfinished(root, 20)
+    assert not ck.discard_unfinished(root, 20)  # nothing left to remove
+    assert not ck.discard_unfinished(root, 10)  # a committed checkpoint is no .tmp
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000000010"]

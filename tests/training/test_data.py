@@ -100,6 +100,20 @@ def test_layouts_read_the_same_values(tmp_path: Path) -> None:
         assert same(files.read(RowRange(0, 0, 12)), with_header), path.name
 
 
+@pytest.mark.parametrize("final", ["\r", "", "\r\r"], ids=["final-cr", "none", "blank-end"])
+def test_a_file_with_cr_only_line_ends_reads_as_its_rows(tmp_path: Path, final: str) -> None:
+    """Old Mac tools end lines with CR alone: the file is its rows, not one line that reads
+    as "no data rows"; any range reads as the same rows with LF line ends."""
+    header, *lines = SAMPLE.read_text().splitlines()
+    mac = tmp_path / "mac.csv"
+    mac.write_bytes(("\r".join([header, *lines]) + final).encode())
+    files = CriteoFiles([mac], TABLES, index_stride=16)  # several index marks
+    assert files.source_rows == (len(lines),) == (200,)
+    unix = CriteoFiles([SAMPLE], TABLES)
+    for start, end in ((0, 200), (37, 121), (199, 200)):
+        assert same(files.read(RowRange(0, start, end)), unix.read(RowRange(0, start, end)))
+
+
 def test_kaggle_files_without_header_crlf_and_final_newline() -> None:
     files = CriteoFiles([KAGGLE_TRAIN, KAGGLE_TEST], TABLES)
     assert files.source_rows == (200, 200)

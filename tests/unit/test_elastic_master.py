@@ -22,7 +22,7 @@ from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.profile import NodeSample, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime import elastic
+from dlrover_kfp.runtime import elastic, liveness
 from dlrover_kfp.runtime.elastic import ElasticRun
 from dlrover_kfp.runtime.job import RunSettings
 from dlrover_kfp.runtime.master import MasterService, MasterState, PsSwitch
@@ -259,3 +259,132 @@ def test_stage3_keeps_a_ps_s_evidence_when_a_worker_is_relaunched(tmp_path: Path
         starved_samples=3,
     )
     assert decided == [("migrate_ps", "pause-ps-1")]
+
+
+# -- a frozen PS ------------------------------------------------------------------------------
+
+
+def _watched(run: ElasticRun, answers: bool) -> list[tuple[str, int]]:
+    """The job's PS watched, each probe answered or not; returns the probes made."""
+    probes: list[tuple[str, int]] = []
+
+    def probe(address: tuple[str, int], secret: bytes) -> bool:
+        probes.append(address)
+        return answers
+
+    run.ps_watch = liveness.PsWatch(run.state, run.secret, run.clock, answers=probe)
+    run.start = run.clock()
+    for k in range(2):
+        run.backend.launch(run._pod("ps", k, run.ps, run.address))
+    return probes
+
+
+def _ps_reported(run: ElasticRun, index: int, ago_s: float, generation: int = 0) -> None:
+    run.state.usage[("ps", index, generation)] = [(run.clock() - ago_s, 3.0, 200.0)]
+
+
+def _rollbacks(run: ElasticRun) -> list[tuple[str, str]]:
+    done: list[tuple[str, str]] = []
+    run._restore_from_checkpoint = (  # type: ignore[method-assign]
+        lambda name, decision, t: done.append((name, decision.reason))
+    )
+    return done
+
+
+def test_a_ps_silent_and_not_answering_is_killed_and_the_job_rolls_back(tmp_path: Path) -> None:
+    run, _, pods = _run(tmp_path)
+    probes = _watched(run, answers=False)
+    rollbacks = _rollbacks(run)
+    run._handle_failures(pods.statuses(), 1.0)  # first seen: the watch's baseline is now
+    _ps_reported(run, 0, 0.5)
+    _ps_reported(run, 1, liveness.SILENT_S + 1.0)
+    run.ps_watch._since = dict.fromkeys(run.ps_watch._since, run.clock() - 100)  # long watched
+    run._handle_failures(pods.statuses(), 2.0)
+    assert probes == [("127.0.0.1", 2)]  # PS 1's address: PS 0 reported lately, not probed
+    assert "pause-ps-1" not in pods.pods  # killed
+    assert "pause-ps-1" in run._stopping  # its stop is not handled again as a failure
+    assert rollbacks == [
+        ("pause-ps-1", "pause-ps-1 froze: relaunched as it was (failure 1 of 3 within 600 s)")
+    ]
+    [event] = run.events
+    assert (event.kind, event.node) == ("failure", "pause-ps-1")
+    assert event.detail.startswith("frozen: no usage report for")
+
+
+def test_a_ps_that_reports_or_answers_is_not_frozen(tmp_path: Path) -> None:
+    """Busy or idle, a PS reports from its own thread; one whose reports alone stopped still
+    answers the probe, and is probed again only after another SILENT_S."""
+    run, _, pods = _run(tmp_path)
+    probes = _watched(run, answers=True)
+    rollbacks = _rollbacks(run)
+    _ps_reported(run, 0, 0.5)
+    _ps_reported(run, 1, liveness.SILENT_S + 1.0)
+    run.ps_watch._since = dict.fromkeys(("pause-ps-0", "pause-ps-1"), run.clock() - 100)
+    for t in range(3):
+        run._handle_failures(pods.statuses(), float(t))
+    assert probes == [("127.0.0.1", 2)]
+    assert rollbacks == [] and run.events == []
+    assert {"pause-ps-0", "pause-ps-1"} <= pods.pods.keys()
+
+
+def test_a_ps_not_heard_from_yet_is_judged_from_when_it_was_first_watched(
+    tmp_path: Path,
+) -> None:
+    run, _, pods = _run(tmp_path)
+    probes = _watched(run, answers=False)
+    _rollbacks(run)
+    run._handle_failures(pods.statuses(), 1.0)
+    assert probes == []  # just started: not silent yet
+    run.ps_watch._since = {k: v - liveness.SILENT_S - 1 for k, v in run.ps_watch._since.items()}
+    run._handle_failures(pods.statuses(), 2.0)
+    assert len(probes) == 1 and run.events[0].node == "pause-ps-0"
+
+
+def _new_ps(run: ElasticRun, pods: RunningPods, generation: int = 1) -> list[PodStatus]:
+    run.backend.launch(run._pod("ps", 0, run.ps, run.address, generation=generation))
+    return [s for s in pods.statuses() if s.name.endswith(f"-g{generation}")]
+
+
+def test_a_new_ps_of_a_switch_is_frozen_when_silent(tmp_path: Path) -> None:
+    run, _, pods = _run(tmp_path)
+    new = _new_ps(run, pods)
+    assert run._frozen_new_ps(run.state, new, 1) is None  # just started, not reported yet
+    _ps_reported(run, 0, 0.5, generation=1)
+    assert run._frozen_new_ps(run.state, new, 1) is None  # reported lately
+    _ps_reported(run, 0, elastic._SILENT_S + 1.0, generation=1)
+    frozen = run._frozen_new_ps(run.state, new, 1)
+    assert frozen is not None and frozen[0] == "pause-ps-0-g1"
+    assert "frozen: no usage report for" in frozen[1]
+
+
+def test_a_new_ps_running_without_a_first_report_is_frozen_a_pending_one_is_not(
+    tmp_path: Path,
+) -> None:
+    run, _, pods = _run(tmp_path)
+    new = _new_ps(run, pods)
+    assert run._frozen_new_ps(run.state, new, 1) is None
+    run._running_since["pause-ps-0-g1"] -= elastic._FIRST_REPORT_S + 1.0
+    frozen = run._frozen_new_ps(run.state, new, 1)
+    assert frozen is not None and "no usage report within" in frozen[1]
+    pending = [dataclasses.replace(s, phase=PodPhase.PENDING) for s in new]
+    run._running_since.clear()
+    assert run._frozen_new_ps(run.state, pending, 1) is None
+    assert run._running_since == {}  # not running yet: its clock has not started
+
+
+def test_a_frozen_new_ps_abandons_the_switch_at_once(tmp_path: Path) -> None:
+    """The old PS keep serving: no new generation, no switch, the new pod deleted; well
+    before the startup timeout."""
+    run, _, pods = _run(tmp_path)
+    run.settings = dataclasses.replace(run.settings, startup_timeout_s=60.0)
+    run.start = run.clock()
+    _new_ps(run, pods)
+    _ps_reported(run, 0, elastic._SILENT_S + 1.0, generation=1)
+    run.state.switch = _switch()
+    started = time.monotonic()
+    ok = run._await(run.state, lambda: False, {0: "pause-ps-0-g1"}, "start", 1)
+    assert not ok and time.monotonic() - started < 1.0
+    assert run.state.switch is None and run.state.generation == 0
+    assert "pause-ps-0-g1" not in pods.pods
+    [event] = run.events
+    assert event.detail.startswith("PS change abandoned: new PS pause-ps-0-g1 frozen")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,8 @@ from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.history import ENV_VAR, default_history_path, open_history, resolve_history_url
 from dlrover_kfp.history.migrations import LATEST_VERSION, schema_version
+from tests.chaos.harness import SmallDisk
+from tests.contract.test_history_store import POSTGRES_ENV, POSTGRES_SKIP
 from tests.factories import make_profile
 
 T0 = 1_793_491_200.0  # 2026-11-01T00:00:00Z
@@ -107,6 +111,22 @@ def test_record_of_an_invalid_profile_names_the_file_and_key(
     assert str(path) in line
     assert expected in line
     assert not db.exists() or stored_ids(db) == []
+
+
+@pytest.mark.parametrize(
+    ("auc", "loss", "key"),
+    [(1.5, 0.4, "metrics.auc"), (-0.1, 0.4, "metrics.auc"), (0.8, -7.0, "metrics.loss")],
+)
+def test_record_refuses_impossible_metrics(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, auc: float, loss: float, key: str
+) -> None:
+    path = write_profile(tmp_path / "p.json", make_profile("impossible", auc=auc, loss=loss))
+    db = tmp_path / "h.db"
+    code, out, err = run(capsys, "record", "--profile", str(path), "--history", str(db))
+    assert (code, out) == (EXIT_USER_ERROR, "")
+    line = one_error_line(err)
+    assert line.startswith(f"dlrover-kfp: error: {path}: {key}: "), line
+    assert stored_ids(db) == []
 
 
 def test_record_of_a_missing_file_says_so(
@@ -301,6 +321,92 @@ def test_a_directory_as_history_is_a_user_error(
     assert "is a directory" in one_error_line(err)
 
 
+def test_a_history_path_whose_directory_does_not_exist_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A typo in the path must not start an empty history (every run would cold-start)."""
+    typo = tmp_path / "histroy" / "h.db"
+    for given in (str(typo), f"sqlite:///{typo}"):
+        code, out, err = run(capsys, "history", "list", "--history", given)
+        assert (code, out) == (EXIT_USER_ERROR, "")
+        line = one_error_line(err)
+        assert str(typo) in line and "does not exist" in line
+    assert not typo.parent.exists()
+    # A new file in an existing directory is how a user starts a history.
+    code, _, _ = run(capsys, "history", "list", "--history", str(tmp_path / "new.db"))
+    assert code == 0 and (tmp_path / "new.db").is_file()
+    # The default location is created (the first run on a machine).
+    assert not default_history_path().parent.exists()
+    assert run(capsys, "history", "list")[0] == 0
+    assert default_history_path().is_file()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
+    """A 1 MiB tmpfs (root only: the chaos suite's full disk)."""
+    disk = SmallDisk(tmp_path / "disk", size_mb=1)
+    try:
+        disk.__enter__()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {exc}")
+    try:
+        yield disk
+    finally:
+        disk.__exit__()
+
+
+def test_a_history_on_a_read_only_mount_says_read_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, small_disk: SmallDisk
+) -> None:
+    existing = small_disk.path / "h.db"
+    assert run(capsys, "history", "list", "--history", str(existing))[0] == 0
+    remount = ["mount", "-o", "remount,ro", str(small_disk.path)]
+    subprocess.run(remount, check=True, capture_output=True)
+    for db in (existing, small_disk.path / "new.db"):
+        code, out, err = run(capsys, "history", "list", "--history", str(db))
+        assert (code, out) == (EXIT_USER_ERROR, "")
+        line = one_error_line(err)
+        assert str(db) in line and "read-only" in line, line
+
+
+def test_a_full_disk_is_disk_full_not_busy(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, small_disk: SmallDisk
+) -> None:
+    db = small_disk.path / "h.db"
+    profile = write_profile(tmp_path / "p.json", make_profile("on-a-full-disk"))
+    assert run(capsys, "history", "list", "--history", str(db))[0] == 0
+    free = small_disk.fill()
+    for argv in (
+        ["record", "--profile", str(profile), "--history", str(db)],
+        ["history", "list", "--history", str(small_disk.path / "new.db")],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert (code, out) == (EXIT_USER_ERROR, ""), err
+        line = one_error_line(err)
+        assert "disk full" in line and "busy" not in line, line
+    free()
+    assert run(capsys, "record", "--profile", str(profile), "--history", str(db))[0] == 0
+    assert stored_ids(db) == ["on-a-full-disk"]
+
+
+def test_a_postgres_database_that_does_not_exist_is_a_user_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = os.environ.get(POSTGRES_ENV)
+    if not server:
+        pytest.skip(POSTGRES_SKIP)
+    url = sa.make_url(server).set(database="no_such_history_db")
+    given = url.render_as_string(hide_password=False)
+    code, out, err = run(capsys, "history", "list", "--history", given)
+    assert (code, out) == (EXIT_USER_ERROR, "")
+    line = one_error_line(err)
+    assert "'no_such_history_db'" in line and "no database" in line
+    assert isinstance(url.password, str) and url.password not in line
+    # A server that is down stays a temporary failure.
+    down = url.set(port=1, database="dlrover_kfp").render_as_string(hide_password=False)
+    assert run(capsys, "history", "list", "--history", down)[0] == EXIT_TRANSIENT
+
+
 # -- import and export ------------------------------------------------------------------------
 
 
@@ -340,8 +446,24 @@ def test_export_then_import_round_trips(
         ('{"run_id": "x"}', "required key is missing"),
         ("[1, 2, 3]", "expected a mapping"),
         (None, "run_id 'p-0' already appears on line 1"),
+        (to_json(make_profile("bad", auc=1.5), indent=None), "metrics.auc: must be within [0, 1]"),
+        (to_json(make_profile("bad", loss=-7.0), indent=None), "metrics.loss: must be at least 0"),
+        (
+            to_json(make_profile("bad"), indent=None).replace(
+                '"samples_processed":', '"samples_processed":-1,"was":'
+            ),
+            "outcome.samples_processed",
+        ),
     ],
-    ids=["malformed", "invalid", "not-an-object", "duplicate"],
+    ids=[
+        "malformed",
+        "invalid",
+        "not-an-object",
+        "duplicate",
+        "auc-above-1",
+        "negative-loss",
+        "negative-count",
+    ],
 )
 def test_import_with_one_bad_line_imports_nothing(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, bad_line: str | None, expected: str

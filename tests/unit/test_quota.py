@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import os
 import random
 
 import pytest
 
-from dlrover_kfp.core.footprint import RUNTIME_MB
+from dlrover_kfp.core.footprint import RUNTIME_MB, min_ps_memory_mb, min_worker_memory_mb
 from dlrover_kfp.core.plan import NodeGroup
-from dlrover_kfp.core.planner import InfeasiblePlanError, PlannerSettings
+from dlrover_kfp.core.planner import (
+    InfeasiblePlanError,
+    PlannerSettings,
+    cold_start,
+    context_from_spec,
+)
 from dlrover_kfp.core.planner.context import PlanningContext
-from dlrover_kfp.core.planner.quota import fit_to_quota, require_quota_fit
-from dlrover_kfp.core.planner.settings import NodeLimits
+from dlrover_kfp.core.planner.quota import (
+    BelowMinimumError,
+    at_least_minimum,
+    fit_to_quota,
+    require_quota_fit,
+    require_runnable,
+)
+from dlrover_kfp.core.planner.settings import DefaultQuota, NodeLimits
+from dlrover_kfp.core.spec import JobSpec, ResourcesSpec
+from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.planning import local_planner_settings, machine_capacity, plan_start
 
 NODE = PlannerSettings().node
 
@@ -34,6 +50,7 @@ def _ctx(
         max_ps=bounds.get("max_ps", 16),
         batch_size=512,
         worker_memory_floor_mb=1024,
+        worker_memory_need_mb=900,
         ps_state_mb=2048,
         dataset_rows=None,
         node=node,
@@ -139,3 +156,93 @@ def test_property_never_above_a_quota_that_can_hold_the_minimum_job() -> None:
         assert w.cpu >= NODE.min_cpu and p.cpu >= NODE.min_cpu, where
         # The rows are all still held.
         assert p.count * (p.memory_mb - RUNTIME_MB) >= ps.count * 1024, where
+
+
+# -- the minimums every plan applied must clear (require_runnable) -----------------------------
+
+
+def _spec_ctx(
+    tables: list[int], limits: dict[str, object] | None = None
+) -> tuple[JobSpec, PlanningContext]:
+    spec = JobSpec(
+        name="m",
+        model={"table_sizes": tables},  # type: ignore[arg-type]
+        data={"format": "synthetic", "rows": 1000},  # type: ignore[arg-type]
+        training={"batch_size": 128},  # type: ignore[arg-type]
+        resources={"limits": limits} if limits else {},  # type: ignore[arg-type]
+    )
+    return spec, context_from_spec(spec, PlannerSettings())
+
+
+def test_a_plan_at_the_models_minimum_runs_and_one_mib_less_is_refused_naming_the_numbers() -> None:
+    # 4M rows x 16 dims x 4 B x 2 (Adagrad) x 2 (snapshot) = 977 MiB of PS state. The planner
+    # plans with RUNTIME_MB; a refusal is sure only below the measured low end, 256 MiB.
+    spec, ctx = _spec_ctx([4_000_000])
+    assert ctx.ps_memory_floor_mb(1) == RUNTIME_MB + 977 == min_ps_memory_mb(spec.model, 1)
+    need_ps = 256 + 977
+    need_w = min_worker_memory_mb(spec.model, spec.training) - (RUNTIME_MB - 256)
+    require_runnable(_g(1, 1, need_w), _g(1, 1, need_ps), ctx, limits=None, source="x")
+    with pytest.raises(BelowMinimumError) as err:
+        require_runnable(_g(1, 1, need_w), _g(1, 1, need_ps - 1), ctx, limits=None, source="--plan")
+    message = str(err.value)
+    assert message.startswith("--plan: ps: ")
+    assert f"{need_ps - 1}Mi each, but with 1 PS each needs at least {need_ps}Mi" in message
+    assert "workers" not in message  # only the role that is short
+    assert isinstance(err.value, UserInputError)  # exit 2, no traceback
+    with pytest.raises(BelowMinimumError, match=f"workers: 256Mi each, .* at least {need_w}Mi"):
+        require_runnable(_g(2, 1, 256), _g(2, 1, need_ps), ctx, limits=None, source="x")
+    # More PS hold the rows in less memory each: 2 PS of the 1-PS figure minus a half are fine.
+    require_runnable(_g(1, 1, need_w), _g(2, 1, need_ps - 488), ctx, limits=None, source="x")
+
+
+def test_a_model_too_big_for_its_pods_is_refused_with_a_clear_reason() -> None:
+    """table_sizes [2000000000] once failed as "Error (exit code 1)" in a 2Gi PS."""
+    _, ctx = _spec_ctx([2_000_000_000])
+    with pytest.raises(BelowMinimumError) as err:
+        require_runnable(_g(1, 1, 2048), _g(1, 1, 2048), ctx, limits=None, source="resources")
+    message = str(err.value)
+    # 2e9 rows x 16 x 4 B x 2 x 2: 476.8 GiB of state and the runtime, halved by a second PS
+    assert "ps: 2048Mi each, but with 1 PS each needs at least 488538Mi" in message
+    assert "with 2 PS each needs 244397Mi" in message
+
+
+def test_a_plan_above_the_users_limits_is_refused() -> None:
+    spec, ctx = _spec_ctx([1000], {"cpu": 4, "memory": "8Gi"})
+    limits = spec.resources.limits
+    require_runnable(_g(2, 1, 2048), _g(2, 1, 2048), ctx, limits=limits, source="x")
+    with pytest.raises(BelowMinimumError, match=r"cpu 6 and memory 8192Mi, more than"):
+        require_runnable(_g(4, 1, 1024), _g(2, 1, 2048), ctx, limits=limits, source="--plan")
+
+
+def test_stage_3_never_takes_a_pod_below_its_minimum() -> None:
+    _, ctx = _spec_ctx([4_000_000])
+    low = _g(1, 1, 1024)
+    assert at_least_minimum(low, "ps", ctx) == _g(1, 1, ctx.ps_memory_floor_mb(1))
+    assert at_least_minimum(low, "worker", ctx) == low  # a worker of this model needs less
+    assert at_least_minimum(_g(1, 1, 9999), "ps", ctx).memory_mb == 9999
+
+
+def test_a_machine_caps_the_quota_the_planner_plans_in() -> None:
+    spec, _ = _spec_ctx([1000], {"cpu": 64, "memory": "256Gi"})
+    capped = dataclasses.replace(PlannerSettings(), capacity=DefaultQuota(cpu=2, memory_mb=8192))
+    ctx = context_from_spec(spec, capped)
+    assert (ctx.quota_cpu, ctx.quota_memory_mb) == (2, 8192)
+    # A spec without resources plans a cluster's cold start (4 cpu a pod, 12 cores): cut to 2.
+    plan = cold_start(dataclasses.replace(spec, resources=ResourcesSpec()), ctx, capped)
+    assert plan.workers.total_cpu + plan.ps.total_cpu <= 2
+    assert "cut to the quota" in plan.reason
+
+
+def test_the_local_backend_plans_within_this_machine_and_says_so_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A spec without resources once started 12 cores of pods on a 2-core machine."""
+    spec, _ = _spec_ctx([1000, 2000])
+    machine_capacity.cache_clear()
+    caplog.set_level(logging.INFO, logger="dlrover_kfp.planning")
+    cores = len(os.sched_getaffinity(0))
+    for _ in range(2):
+        plan, _ = plan_start(spec, None, local_planner_settings())
+        assert plan.workers.total_cpu + plan.ps.total_cpu <= cores
+    said = [r.getMessage() for r in caplog.records if "capped at this machine" in r.getMessage()]
+    assert len(said) == 1 and f"{cores:g} cores" in said[0]

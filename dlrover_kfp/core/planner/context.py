@@ -24,6 +24,9 @@ class PlanningContext:
     batch_size: int
     #: floor of a worker's memory (MiB), from the model's shape
     worker_memory_floor_mb: int
+    #: what a worker of this model needs at least (MiB), the node minimum left out: the bar a
+    #: plan's workers must clear (:func:`~dlrover_kfp.core.planner.quota.require_runnable`)
+    worker_memory_need_mb: int
     #: embedding rows and optimizer slots of the whole model (MiB), spread over the PS
     ps_state_mb: int
     dataset_rows: int | None
@@ -59,7 +62,12 @@ def context_from_spec(spec: JobSpec, settings: PlannerSettings) -> PlanningConte
     limits = spec.resources.limits
     quota_cpu = limits.cpu if limits else settings.default_quota.cpu
     quota_mem = limits.memory if limits else settings.default_quota.memory_mb
+    if settings.capacity is not None:
+        # No plan holds more than the backend has, whatever the quota says (a machine's cores).
+        quota_cpu = min(quota_cpu, settings.capacity.cpu)
+        quota_mem = min(quota_mem, settings.capacity.memory_mb)
     one_ps = min_ps_memory_mb(spec.model, 1)
+    worker_need = min_worker_memory_mb(spec.model, spec.training)
     return PlanningContext(
         quota_cpu=quota_cpu,
         quota_memory_mb=quota_mem,
@@ -68,9 +76,8 @@ def context_from_spec(spec: JobSpec, settings: PlannerSettings) -> PlanningConte
         min_ps=spec.elastic.min_ps,
         max_ps=spec.elastic.max_ps,
         batch_size=spec.training.batch_size,
-        worker_memory_floor_mb=max(
-            settings.node.min_memory_mb, min_worker_memory_mb(spec.model, spec.training)
-        ),
+        worker_memory_floor_mb=max(settings.node.min_memory_mb, worker_need),
+        worker_memory_need_mb=worker_need,
         ps_state_mb=one_ps - RUNTIME_MB,
         dataset_rows=spec.dataset_rows,
         node=settings.node,

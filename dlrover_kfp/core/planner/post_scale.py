@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from dlrover_kfp.core.plan import NodeAction, NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner.context import PlanningContext, clamp_cpu, clamp_memory
-from dlrover_kfp.core.planner.quota import fit_to_quota
+from dlrover_kfp.core.planner.quota import at_least_minimum, fit_to_quota
 from dlrover_kfp.core.planner.relaunch import oom_grown_memory
 from dlrover_kfp.core.planner.settings import PlannerSettings, PostScaleSettings
 from dlrover_kfp.core.profile import JobEvent, NodeSample, RuntimeSample
@@ -429,4 +429,5 @@ def _make_room(
             memory_mb=int(min(ps.memory_mb, mem_room)),
         )
         note += "; quota exhausted: PS growth capped"
-    return workers, ps, note
+    # The cap never takes a PS below what it needs to hold its rows: that pod would die.
+    return workers, at_least_minimum(ps, "ps", ctx), note

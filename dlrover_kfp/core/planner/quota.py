@@ -20,7 +20,13 @@ Memory is never cut below what was planned: a pod without the memory it needs di
 less CPU only runs slower. When even the minimum job does not fit, the result says so
 (:attr:`QuotaFit.fits` false) and :func:`require_quota_fit` raises
 :class:`~dlrover_kfp.core.planner.search.InfeasiblePlanError` naming the quota and the
-minimum job, never a plan above the quota. Pure: no I/O.
+minimum job, never a plan above the quota.
+
+:func:`require_runnable` is the other half: the one check every plan a run applies passes
+before any pod starts (the user's resources, ``--plan``, Stage 1's plan), so that a pod given
+less memory than the model's own footprint is refused with its numbers instead of being
+OOM-killed at start. Stage 2 and 3 never produce such a plan: their memory starts from these
+floors (:func:`at_least_minimum`). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -28,10 +34,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dlrover_kfp.core.footprint import RUNTIME_MB
+from dlrover_kfp.core.footprint import RUNTIME_MB, RUNTIME_MIN_MB
 from dlrover_kfp.core.plan import NodeGroup
 from dlrover_kfp.core.planner.context import PlanningContext, round_down, round_up
 from dlrover_kfp.core.planner.search import InfeasiblePlanError
+from dlrover_kfp.core.spec import Quota
+from dlrover_kfp.errors import UserInputError
 
 #: The largest CPU cut, as a share of every pod's CPU, that is taken instead of giving up a
 #: worker (step 1).
@@ -185,4 +193,95 @@ def require_quota_fit(workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext) -
     return fitted
 
 
-__all__ = ["MAX_CPU_TRIM", "QuotaFit", "fit_to_quota", "require_quota_fit"]
+class BelowMinimumError(UserInputError):
+    """A plan gives a role less memory than the model needs, or more than the job's quota:
+    its pods would be OOM-killed at start, or the plan breaks the user's own limit."""
+
+
+def memory_shortfalls(
+    workers: NodeGroup,
+    ps: NodeGroup,
+    ctx: PlanningContext,
+    keys: tuple[str, str] = ("workers", "ps"),
+) -> list[str]:
+    """Each role whose pods have less memory than the model's footprint needs, with the given
+    and the needed memory ([] when both roles have enough); ``keys`` name the roles (the
+    spec's keys when the plan is the spec's own resources).
+
+    The needs are :mod:`dlrover_kfp.core.footprint`'s, as the planner reads them from the
+    context: a worker's runtime, dense parameters and one batch's activations; a PS's runtime
+    and its share of the embedding rows (weights, Adagrad slots, the snapshot copy), which
+    shrinks as PS are added.
+    """
+    # The planner's figures carry RUNTIME_MB's margin; a refusal uses the measured low end.
+    slack = RUNTIME_MB - RUNTIME_MIN_MB
+    out = []
+    worker_bar = ctx.worker_memory_need_mb - slack
+    if workers.memory_mb < worker_bar:
+        out.append(
+            f"{keys[0]}: {workers.memory_mb}Mi each, but a worker of this model needs at least "
+            f"{worker_bar}Mi (runtime, dense parameters and one batch)"
+        )
+    need = ctx.ps_memory_floor_mb(ps.count) - slack
+    if ps.memory_mb < need:
+        more = min(ctx.max_ps, max(ps.count + 1, ps.count * 2))
+        hint = (
+            f"; with {more} PS each needs {ctx.ps_memory_floor_mb(more) - slack}Mi"
+            if more > ps.count
+            else ""
+        )
+        out.append(
+            f"{keys[1]}: {ps.memory_mb}Mi each, but with {ps.count} PS each needs at least "
+            f"{need}Mi (runtime and its share of the {ctx.ps_state_mb}Mi of embedding rows, "
+            f"optimizer slots and snapshot){hint}"
+        )
+    return out
+
+
+def require_runnable(
+    workers: NodeGroup,
+    ps: NodeGroup,
+    ctx: PlanningContext,
+    *,
+    limits: Quota | None,
+    source: str,
+    keys: tuple[str, str] = ("workers", "ps"),
+) -> None:
+    """The one check of a plan before its pods start; raises :class:`BelowMinimumError`
+    naming ``source`` (where the plan came from), each role short of memory with the given and
+    the needed figure, and a total above ``limits`` (the spec's ``resources.limits``).
+
+    Only the user's own quota is checked, not a default or a machine's capacity: those cap
+    what the planner plans, while a user's own resources above them only run slower."""
+    problems = memory_shortfalls(workers, ps, ctx, keys)
+    if limits is not None:
+        cpu = workers.total_cpu + ps.total_cpu
+        memory = workers.total_memory_mb + ps.total_memory_mb
+        if cpu > limits.cpu + 1e-9 or memory > limits.memory:
+            problems.append(
+                f"the plan holds cpu {cpu:g} and memory {memory}Mi, more than "
+                f"resources.limits (cpu {limits.cpu:g}, memory {limits.memory}Mi)"
+            )
+    if problems:
+        raise BelowMinimumError(f"{source}: {'; '.join(problems)}; no pod was started")
+
+
+def at_least_minimum(group: NodeGroup, role: str, ctx: PlanningContext) -> NodeGroup:
+    """``group`` with at least the memory its role needs: what Stage 3 cuts (a growth capped
+    to the room left in the quota) never goes below the model's own footprint."""
+    need = ctx.worker_memory_need_mb if role == "worker" else ctx.ps_memory_floor_mb(group.count)
+    if group.memory_mb >= need:
+        return group
+    return NodeGroup(count=group.count, cpu=group.cpu, memory_mb=need)
+
+
+__all__ = [
+    "MAX_CPU_TRIM",
+    "BelowMinimumError",
+    "QuotaFit",
+    "at_least_minimum",
+    "fit_to_quota",
+    "memory_shortfalls",
+    "require_quota_fit",
+    "require_runnable",
+]

@@ -216,6 +216,10 @@ class PlannerSettings:
     auto_scale: AutoScaleSettings = field(default_factory=AutoScaleSettings)
     post_scale: PostScaleSettings = field(default_factory=PostScaleSettings)
     relaunch: RelaunchSettings = field(default_factory=RelaunchSettings)
+    #: The most one job may hold on its backend at all, whatever its quota says: on the local
+    #: backend the machine's cores and memory (pods beyond them only take turns on the same
+    #: cores, or swap). None on a cluster, where the quota is the cap.
+    capacity: DefaultQuota | None = None
     #: Two configurations already tell a slope along the one dimension they differ in (the
     #: fit pins the rest to the prior), which a running job needs after its first step.
     model_fit: FitSettings = field(default_factory=lambda: FitSettings(min_configs_for_full_fit=2))

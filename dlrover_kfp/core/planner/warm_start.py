@@ -70,11 +70,15 @@ def select_similar(
 def cold_start(spec: JobSpec, ctx: PlanningContext, settings: PlannerSettings) -> ResourcePlan:
     res = spec.resources
     if res.workers is not None and res.ps is not None:
+        # Within the quota as every plan is: a spec without limits is held to the default
+        # quota, and on one machine to its capacity (settings.capacity).
+        own = require_quota_fit(res.workers.to_group(), res.ps.to_group(), ctx)
         return ResourcePlan(
-            workers=res.workers.to_group(),
-            ps=res.ps.to_group(),
+            workers=own.workers,
+            ps=own.ps,
             stage=Stage.COLD_START,
-            reason="cold start: no similar jobs in history; the spec's own resources",
+            reason="cold start: no similar jobs in history; the spec's own resources"
+            + (f"; {own.note()}" if own.cut else ""),
         )
     cs = settings.cold_start
     cpu = clamp_cpu(min(cs.max_cpu, max(cs.min_cpu, ctx.quota_cpu * cs.cpu_quota_share)), ctx.node)

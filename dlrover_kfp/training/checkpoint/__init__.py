@@ -55,6 +55,7 @@ from dlrover_kfp.training.checkpoint.persist import (
     PartRecord,
     Persister,
     commit,
+    discard_unfinished,
     list_checkpoints,
     prune_checkpoints,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "cleanup_shm",
     "commit",
     "default_shm_dir",
+    "discard_unfinished",
     "list_checkpoints",
     "list_shm",
     "load_checkpoint",

@@ -12,6 +12,9 @@
   into the ``.tmp`` directory, fsyncs it, renames ``step-N.tmp`` to ``step-N`` and fsyncs the
   root. A checkpoint exists only once renamed, so no partial checkpoint is ever visible; the last
   ``keep`` are kept and older ones (and stale ``.tmp`` directories) deleted.
+* A checkpoint that fails leaves nothing behind: a PS removes the part it could not write, a
+  commit that fails removes its ``step-N.tmp`` and so does the coordinator when a PS failed
+  (:func:`discard_unfinished`). On a full disk those bytes are what the run's profile needs.
 """
 
 from __future__ import annotations
@@ -106,11 +109,14 @@ def _tmp_name(step: int) -> str:
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
+    # Every view is released on the way out, a failed write's too: the exception's traceback
+    # keeps this frame, and a view of the snapshot's mmap left in it would make the mmap
+    # impossible to close ("cannot close exported pointers exist").
+    with memoryview(data) as whole:
+        done = 0
+        while done < whole.nbytes:
+            with whole[done:] as rest:
+                done += os.pwrite(fd, rest, offset + done)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -151,9 +157,21 @@ def _persist_part(root: Path, shm: ShmSnapshot, cur: _Current) -> PartRecord:
             os.close(fd)
         _fsync_dir(step_dir)
     except OSError as exc:
+        # Half a part is useless, and on a full disk its bytes are the space the job's profile
+        # and the next checkpoint need: it goes (the coordinator removes the step's directory).
+        _remove_partial(path)
         raise CheckpointWriteError(f"{path}: cannot write checkpoint part: {exc.strerror}") from exc
     shm._set_crc(cur.seq, crc)
     return PartRecord(shm.meta, cur.step, cur.seq, path.name, cur.total_len, crc, cur.arrays)
+
+
+def _remove_partial(path: Path) -> None:
+    """Remove a part file that failed, and its step directory once nothing else is in it."""
+    try:
+        path.unlink(missing_ok=True)
+        path.parent.rmdir()
+    except OSError:
+        pass  # another PS's part is there (the coordinator removes the directory), or gone
 
 
 class Persister:
@@ -304,6 +322,16 @@ def prune_checkpoints(root: PathLike, keep: int = 3, *, all_tmp: bool = False) -
     return removed
 
 
+def discard_unfinished(root: PathLike, step: int) -> bool:
+    """Remove ``step``'s unfinished ``step-N.tmp`` (a checkpoint that failed: a PS could not
+    write its part, or the commit could not). Its parts are never restored from, and on a full
+    disk they hold the space that the run's profile needs. True if there was one."""
+    tmp = Path(root) / _tmp_name(step)
+    existed = tmp.exists()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return existed
+
+
 def commit(
     root: PathLike,
     step: int,
@@ -383,6 +411,8 @@ def commit(
         os.rename(tmp, final)
         _fsync_dir(base)
     except OSError as exc:
+        if not final.exists():
+            discard_unfinished(base, step)
         raise CheckpointWriteError(f"{final}: cannot commit: {exc.strerror}") from exc
     logger.info("committed %s (%d parts)", final, len(records))
     prune_checkpoints(base, keep)

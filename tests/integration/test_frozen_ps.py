@@ -1,0 +1,260 @@
+"""A frozen PS (SIGSTOP: a hung process, a node that stops scheduling it) on the local backend.
+
+Such a PS neither fails nor exits: its pod reads running and every worker waits on it. The
+master finds it by its silence (no usage report for liveness.SILENT_S) and a probe it does not
+answer (liveness.PROBE_TIMEOUT_S), within liveness.DETECT_S of its freezing, and then:
+
+* an elastic run kills it and rolls the job back to its last checkpoint, as for a dead PS;
+* a PS change whose new PS freezes is abandoned (the old PS keep serving) within
+  elastic._FIRST_REPORT_S of the new pod's start or elastic._SILENT_S of its freezing;
+* a static run fails, and its cleanup waits on no PS longer than one request may take
+  (checkpoints.RPC_TIMEOUT_S), the frozen PS having been killed.
+
+Each measures the stall it bounds and prints it (``-s`` shows the figures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dlrover_kfp.backends import LocalBackend
+from dlrover_kfp.core.documents import load_text, parse
+from dlrover_kfp.core.plan import ResourcePlan, Stage
+from dlrover_kfp.core.planner import PlannerSettings
+from dlrover_kfp.core.planner.settings import NodeLimits
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.runtime import checkpoints, elastic, liveness
+from dlrover_kfp.runtime.elastic import ElasticRun
+from dlrover_kfp.runtime.job import RunResult, RunSettings, StaticRun
+from dlrover_kfp.training.data import open_dataset, split_ranges
+
+MODEL = (
+    "{embedding_dim: 8, table_sizes: [1000, 50, 7, 3000], dense_features: 13, "
+    "bottom_mlp: [16, 8], top_mlp: [16, 1]}"
+)
+#: Stage 2 never resizes (more samples than any of these jobs has): only the fault acts.
+QUIET = PlannerSettings(
+    node=NodeLimits(min_cpu=0.25, cpu_step=0.25, min_memory_mb=512),
+    auto_scale=dataclasses.replace(PlannerSettings().auto_scale, min_samples=10_000),
+)
+#: Seconds the replacement of a frozen PS may take once it is found: the PS and the workers
+#: stopped and started again, each a Python process loading torch (~2 s of CPU; 5-8 s on a
+#: busy 2-core machine for a 2-PS, 1-worker job); the bound stated in docs/reliability.md.
+RESTART_S = 20.0
+#: Checkpoint interval of these jobs: what a rollback takes back is at most this much training.
+CHECKPOINT_S = 2.0
+
+
+def _spec(rows: int, workers: str, ps: str) -> JobSpec:
+    text = f"""
+name: frozen
+model: {MODEL}
+data: {{format: synthetic, rows: {rows}, seed: 3}}
+training: {{batch_size: 512, learning_rate: 0.05}}
+resources:
+  limits: {{cpu: 2, memory: 12Gi}}
+  workers: {workers}
+  ps: {ps}
+"""
+    return parse(JobSpec, load_text(text, "test"), "test")
+
+
+def _trained_rows(spec: JobSpec, settings: RunSettings) -> int:
+    """rows x epochs minus the held-out rows, from the data itself (not from the run)."""
+    dataset = open_dataset(spec.data, spec.model)
+    train, _ = split_ranges(dataset.source_rows, settings.shard_rows, settings.eval_fraction)
+    return sum(r.end - r.start for r in train) * spec.training.epochs
+
+
+def _freeze(backend: LocalBackend, pod: str) -> float:
+    """SIGSTOP the pod's process; when (monotonic, the runs' clock)."""
+    pid = backend.pid_of(pod)
+    assert pid is not None, pod
+    os.kill(pid, signal.SIGSTOP)
+    return time.monotonic()
+
+
+def _until(check: Callable[[], object], timeout_s: float = 120.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _committed(out: Path) -> bool:
+    return any(not p.name.endswith(".tmp") for p in (out / "checkpoints").glob("step-*"))
+
+
+def _elastic(
+    spec: JobSpec,
+    tmp_path: Path,
+    settings: RunSettings,
+    planner: PlannerSettings,
+    during: Callable[[ElasticRun, LocalBackend], None],
+) -> RunResult:
+    plan = ResourcePlan(
+        workers=spec.resources.workers.to_group(),  # type: ignore[union-attr]
+        ps=spec.resources.ps.to_group(),  # type: ignore[union-attr]
+        stage=Stage.MANUAL,
+        reason="the user's guess",
+    )
+    out = tmp_path / "out"
+    with LocalBackend(out / "logs") as backend:
+        run = ElasticRun(
+            spec,
+            backend,
+            plan=plan,
+            planner=planner,
+            output_dir=out,
+            base_dir=tmp_path,
+            settings=settings,
+            progress=lambda line: None,
+        )
+        threading.Thread(target=during, args=(run, backend), daemon=True).start()
+        return run.run()
+
+
+# 30-36 s on a 2-core machine (two starts of 3 processes, 10 s of freeze): -m long.
+@pytest.mark.long
+@pytest.mark.timeout(liveness.DETECT_S + RESTART_S + CHECKPOINT_S + 60)
+def test_a_frozen_ps_is_killed_and_the_job_rolls_back_to_its_checkpoint(tmp_path: Path) -> None:
+    spec = _spec(400_000, "{count: 1, cpu: 0.5, memory: 2Gi}", "{count: 2, cpu: 0.5, memory: 2Gi}")
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=CHECKPOINT_S)
+    seen: dict[str, float] = {}
+
+    def freeze_a_ps(run: ElasticRun, backend: LocalBackend) -> None:
+        out = tmp_path / "out"
+        assert _until(lambda: _committed(out) and run.samples and run.samples[-1].throughput > 0)
+        time.sleep(1.0)  # some shards done after the checkpoint, to be taken back
+        seen["samples"] = run.state.totals()[0]
+        seen["frozen"] = _freeze(backend, "frozen-ps-1")
+        assert _until(
+            lambda: any(e.kind == "relaunch" and e.node == "frozen-ps-1" for e in run.events)
+        )
+        seen["replaced"] = time.monotonic()
+        # Training goes on: the first shard reported after the rollback, and the count back
+        # where it was at the freeze (the shards taken back trained again).
+        assert _until(lambda: (run.state.last_report_at or 0) > seen["replaced"])
+        seen["resumed"] = time.monotonic()
+        assert _until(lambda: run.state.totals()[0] >= seen["samples"])
+        seen["caught_up"] = time.monotonic()
+
+    result = _elastic(spec, tmp_path, settings, QUIET, freeze_a_ps)
+    profile = result.profile
+    assert "frozen" in seen, "the PS was never frozen"
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    failures = [e for e in profile.events if e.kind == "failure"]
+    assert [e.node for e in failures] == ["frozen-ps-1"], profile.events
+    assert "frozen: no usage report for" in failures[0].detail
+    restores = [e for e in profile.events if e.kind == "relaunch"]
+    assert [e.node for e in restores] == ["frozen-ps-1"], profile.events
+    assert "froze" in restores[0].detail
+    assert "every PS restored from the checkpoint of step" in restores[0].detail
+    resumed = seen["resumed"] - seen["frozen"]
+    caught_up = seen["caught_up"] - seen["frozen"]
+    print(
+        f"\nfrozen PS: replaced after {seen['replaced'] - seen['frozen']:.1f}s, training "
+        f"resumed after {resumed:.1f}s, back at the freeze's count after {caught_up:.1f}s"
+    )
+    assert resumed <= liveness.DETECT_S + RESTART_S, seen
+    assert caught_up <= liveness.DETECT_S + RESTART_S + CHECKPOINT_S + 2.0, seen
+
+
+# ~30 s on a 2-core machine (a PS change abandoned, then one done): -m long.
+@pytest.mark.long
+@pytest.mark.timeout(elastic._FIRST_REPORT_S + 120)
+def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) -> None:
+    """Stage 3 finds the PS hot (threshold 0) and moves it to a new pod; that pod freezes
+    after its first usage report. The change is abandoned, the old PS serves on, and a later
+    move (to a pod that does not freeze) goes through."""
+    spec = _spec(
+        1_500_000, "{count: 1, cpu: 0.5, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
+    )
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    hot = dataclasses.replace(
+        QUIET,
+        post_scale=dataclasses.replace(
+            QUIET.post_scale, hot_ps_utilization=0.0, hot_ps_cpu_growth=1.0
+        ),
+    )
+    seen: dict[str, float] = {}
+
+    def freeze_the_new_ps(run: ElasticRun, backend: LocalBackend) -> None:
+        new = "frozen-ps-0-g1"
+        assert _until(lambda: backend.pid_of(new) is not None)
+        assert _until(lambda: run.state.last_heard("ps", 0, 1) is not None)
+        seen["frozen"] = _freeze(backend, new)
+        assert _until(
+            lambda: any(
+                e.kind == "failure" and "PS change abandoned" in e.detail for e in run.events
+            )
+        )
+        seen["abandoned"] = time.monotonic()
+
+    result = _elastic(spec, tmp_path, settings, hot, freeze_the_new_ps)
+    profile = result.profile
+    assert "frozen" in seen, "the new PS was never frozen"
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    abandoned = [e for e in profile.events if "PS change abandoned" in e.detail]
+    assert len(abandoned) == 1, profile.events
+    assert "new PS frozen-ps-0-g1 frozen: no usage report for" in abandoned[0].detail
+    took = seen["abandoned"] - seen["frozen"]
+    print(f"\nnew PS frozen during a PS change: the change abandoned after {took:.1f}s")
+    assert took <= elastic._SILENT_S + 2.0, seen
+    assert took <= elastic._FIRST_REPORT_S
+
+
+# 15-22 s on a 2-core machine: in the default suite.
+@pytest.mark.timeout(liveness.DETECT_S + checkpoints.RPC_TIMEOUT_S + 60)
+def test_a_static_run_whose_ps_freezes_fails_and_its_cleanup_is_bounded(tmp_path: Path) -> None:
+    spec = _spec(
+        2_000_000, "{count: 1, cpu: 0.5, memory: 2Gi}", "{count: 1, cpu: 0.5, memory: 2Gi}"
+    )
+    # A checkpoint every half second: one is in flight to the frozen PS when the run fails.
+    settings = RunSettings(sample_interval_s=0.5, checkpoint_interval_s=0.5)
+    out = tmp_path / "out"
+    seen: dict[str, float] = {}
+    with LocalBackend(out / "logs") as backend:
+        run = StaticRun(
+            spec,
+            backend,
+            output_dir=out,
+            base_dir=tmp_path,
+            settings=settings,
+            progress=lambda line: None,
+        )
+
+        def freeze_the_ps() -> None:
+            assert _until(lambda: _committed(out) and run.samples and run.samples[-1].throughput)
+            seen["frozen"] = _freeze(backend, "frozen-ps-0")
+
+        threading.Thread(target=freeze_the_ps, daemon=True).start()
+        result = run.run()
+        seen["returned"] = time.monotonic()
+    profile = result.profile
+    assert "frozen" in seen, "the PS was never frozen"
+    assert not result.succeeded
+    assert "frozen-ps-0 frozen: no usage report for" in profile.outcome.reason, profile.outcome
+    failure = next(e for e in profile.events if e.kind == "failure")
+    assert failure.node == "frozen-ps-0"
+    failed_at = run.start + failure.time
+    cleanup = seen["returned"] - failed_at
+    took = seen["returned"] - seen["frozen"]
+    print(
+        f"\nstatic run, PS frozen: failed after {failed_at - seen['frozen']:.1f}s, cleanup "
+        f"{cleanup:.1f}s, run() returned {took:.1f}s after the freeze"
+    )
+    assert failed_at - seen["frozen"] <= liveness.DETECT_S + 2.0, seen
+    assert cleanup <= checkpoints.RPC_TIMEOUT_S, seen
