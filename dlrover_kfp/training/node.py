@@ -466,7 +466,8 @@ def report_usage(
     try:
         while True:
             cpu_seconds, rss_mb = own_usage()
-            meta = {"role": role, "index": index, "generation": generation}
+            at = time.monotonic()  # the rate's interval is the pod's, not the arrivals'
+            meta = {"role": role, "index": index, "generation": generation, "at": at}
             conn.request(USAGE, {**meta, "cpu_seconds": cpu_seconds, "rss_mb": rss_mb})
             time.sleep(interval_s)
     except Exception:  # the master closed or restarted: the pod's main thread handles that

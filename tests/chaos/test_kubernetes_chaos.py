@@ -65,6 +65,10 @@ class _KubeletPods:
 
 
 # Seed 40 draws a worker eviction, a PS SIGKILL, a worker SIGSTOP and a PS preemption.
+# 50 s with its cluster: the same checks as the local chaos suite, on the other backend; how the
+# Kubernetes backend reads evictions, preemptions and lost nodes from pod status is tested in
+# tests/backends/test_kubernetes_backend.py::test_evicted_preempted_and_lost_pods_say_so.
+@pytest.mark.long
 @pytest.mark.parametrize("seed", [40])
 def test_faults_on_kubernetes_lose_nothing(
     seed: int, tmp_path: Path, reference_loss: float

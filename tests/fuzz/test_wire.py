@@ -336,7 +336,7 @@ def test_master_answers_every_request_and_keeps_its_ledger(
         for stats in service.state.workers.values():
             assert stats.samples >= 0 and stats.steps >= 0 and stats.bad_rows >= 0
         for readings in service.state.usage.values():
-            assert all(math.isfinite(c) and math.isfinite(r) for _, c, r in readings)
+            assert all(math.isfinite(c) and math.isfinite(r) for _, c, r, _ in readings)
     # Still serving: a valid request gets its answer.
     reply = live.request(CONFIG, {"role": "probe"})
     assert isinstance(reply, Message) and reply.kind == "config"

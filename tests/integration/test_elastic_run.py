@@ -253,6 +253,10 @@ def test_a_worker_over_its_memory_limit_is_oom_killed_and_relaunched_bigger(
     )
 
 
+# 32 s: a live PS move runs in the default suite in the chaos suite (test_local_chaos.py, seed 4:
+# a PS throttled to a tenth moves to a new pod while training goes on); the hot-PS rule itself
+# is tested in tests/unit/test_post_scale.py.
+@pytest.mark.long
 def test_a_hot_ps_moves_to_a_new_pod_while_training_goes_on(tmp_path: Path) -> None:
     """Stage 3 finds every PS hot (threshold 0) and moves it to a new pod of its own size:
     a live switch, with training paused only for the switch and no sample lost or repeated."""
@@ -340,6 +344,9 @@ GROW_MEMORY = (
 )
 
 
+# 32 s: the memory-trend rule is tested in tests/unit/test_post_scale.py, a relaunch with more
+# memory after an OOM in the default chaos suite (a worker over its memory limit).
+@pytest.mark.long
 def test_a_worker_whose_memory_heads_for_its_limit_is_relaunched_bigger_before_it_dies(
     tmp_path: Path,
 ) -> None:

@@ -115,7 +115,7 @@ def _one_line_error(done: subprocess.CompletedProcess[str]) -> str:
 def test_a_second_run_into_a_live_runs_directory_is_refused_and_the_first_is_untouched(
     tmp_path: Path,
 ) -> None:
-    (tmp_path / "a.yaml").write_text(SYNTHETIC.format(name="job-a", rows=40_000, epochs=1))
+    (tmp_path / "a.yaml").write_text(SYNTHETIC.format(name="job-a", rows=20_000, epochs=1))
     (tmp_path / "b.yaml").write_text(SYNTHETIC.format(name="job-b", rows=20_000, epochs=1))
     common = ["--backend", "local", "--output-dir", "out", "--sample-interval", "0.3"]
     first = _start(tmp_path, "run", "--job", "a.yaml", *common)
@@ -158,7 +158,7 @@ def test_a_second_run_into_a_live_runs_directory_is_refused_and_the_first_is_unt
     assert first.returncode == 0, stderr
     assert "discarding the duplicate" not in stderr
     summary = json.loads(stdout)
-    assert summary["outcome"]["samples_processed"] == trained(40_000)
+    assert summary["outcome"]["samples_processed"] == trained(20_000)
     profile = json.loads((tmp_path / "out" / "profile.json").read_text())
     assert profile["run_id"] == summary["run_id"]
     assert profile["job"]["name"] == "job-a"
@@ -169,7 +169,7 @@ def test_a_second_run_into_a_live_runs_directory_is_refused_and_the_first_is_unt
 def test_a_resume_after_editing_the_spec_is_refused_and_fresh_trains_exactly_the_new_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    (tmp_path / "job.yaml").write_text(SYNTHETIC.format(name="edited", rows=60_000, epochs=1))
+    (tmp_path / "job.yaml").write_text(SYNTHETIC.format(name="edited", rows=40_000, epochs=1))
     flags = ["--backend", "local", "--output-dir", "out", "--sample-interval", "0.3"]
     master = _start(tmp_path, "run", "--job", "job.yaml", *flags, "--checkpoint-interval", "0.5")
     try:
@@ -181,16 +181,16 @@ def test_a_resume_after_editing_the_spec_is_refused_and_fresh_trains_exactly_the
     before = run_file.read_bytes()
     # Fewer rows (the ledger's ranges are outside the data), more rows (half would go
     # untrained), a few fewer (held-out rows would be trained on).
-    for rows in (30_000, 120_000, 57_000):
+    for rows in (20_000, 80_000, 38_000):
         (tmp_path / "edit.yaml").write_text(SYNTHETIC.format(name="edited", rows=rows, epochs=1))
         monkeypatch.chdir(tmp_path)
         line = _refused(capsys, "run", "--job", "edit.yaml", *flags)
-        assert f"data.rows: 60000 -> {rows}" in line and "--fresh" in line
+        assert f"data.rows: 40000 -> {rows}" in line and "--fresh" in line
         assert run_file.read_bytes() == before  # still resumable with the original spec
     done = _run(tmp_path, "run", "--job", "edit.yaml", *flags, "--fresh")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
-    assert summary["outcome"]["samples_processed"] == trained(57_000)
+    assert summary["outcome"]["samples_processed"] == trained(38_000)
     archived = list((tmp_path / "out" / "archive").iterdir())
     assert len(archived) == 1 and (archived[0] / "run.json").read_bytes() == before
 

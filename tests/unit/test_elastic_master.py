@@ -128,7 +128,7 @@ def test_a_switch_waits_for_a_configured_worker_until_it_pauses(tmp_path: Path) 
 
 def _reported(run: ElasticRun, index: int, ago_s: float) -> None:
     """Worker ``index`` last reported its usage ``ago_s`` seconds ago (master clock)."""
-    run.state.usage[("worker", index, 0)] = [(run.clock() - ago_s, 12.0, 300.0)]
+    run.state.usage[("worker", index, 0)] = [(run.clock() - ago_s, 12.0, 300.0, 1.0)]
 
 
 def test_a_worker_silent_for_a_few_report_intervals_is_frozen_and_not_waited_for(
@@ -280,7 +280,7 @@ def _watched(run: ElasticRun, answers: bool) -> list[tuple[str, int]]:
 
 
 def _ps_reported(run: ElasticRun, index: int, ago_s: float, generation: int = 0) -> None:
-    run.state.usage[("ps", index, generation)] = [(run.clock() - ago_s, 3.0, 200.0)]
+    run.state.usage[("ps", index, generation)] = [(run.clock() - ago_s, 3.0, 200.0, 1.0)]
 
 
 def _rollbacks(run: ElasticRun) -> list[tuple[str, str]]:

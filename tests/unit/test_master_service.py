@@ -314,3 +314,16 @@ def test_self_reported_usage_is_cpu_time_over_wall_time_of_the_last_two_reports(
     # a pod that stopped reporting is not reported for ever
     clock.now = 20.0
     assert state.self_reported_usage(clock.now, 5.0) == {}
+
+
+def test_self_reported_cpu_is_over_the_pods_own_interval_not_the_arrivals() -> None:
+    """A report held up on its way arrives 1.5 s after the one before though it was read 2 s
+    after it: the arrivals would say 1 CPU second in 1.5 s (0.67 cores) for a pod held to
+    half a core. The pod's own clock says 0.5."""
+    service, clock = make_service()
+    peer = PeerInfo(1, ("h", 1))
+    meta = {"role": "worker", "index": 0, "generation": 0}
+    call(service, peer, USAGE, **meta, cpu_seconds=10.0, rss_mb=300.0, at=100.0)
+    clock.now = 1.5
+    call(service, peer, USAGE, **meta, cpu_seconds=11.0, rss_mb=300.0, at=102.0)
+    assert service.state.self_reported_usage(clock.now, 5.0) == {("worker", 0, 0): (0.5, 300.0)}
