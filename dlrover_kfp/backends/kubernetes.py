@@ -419,17 +419,7 @@ class KubernetesBackend:
                 if self._status[name].phase.terminal:
                     return
             # The watch may have missed it (created and deleted between two lists): ask.
-            if (
-                self._call(
-                    f"get pod {name}",
-                    self._core.read_namespaced_pod,
-                    name,
-                    self.namespace,
-                    ok_missing=True,
-                    _preload_content=False,
-                )
-                is None
-            ):
+            if self._read_pod(name) is None:
                 self._mark_gone(name)
 
     def statuses(self) -> list[PodStatus]:
@@ -834,14 +824,7 @@ class KubernetesBackend:
     def _disown(self, name: str, pod: PodSpec) -> None:
         """The object named ``name`` is an earlier master's (its uid never seen here): its
         events, its deletion above all, must not become the new pod's status."""
-        found = self._call(
-            f"get pod {name}",
-            self._core.read_namespaced_pod,
-            name,
-            self.namespace,
-            ok_missing=True,
-            _preload_content=False,
-        )
+        found = self._read_pod(name)
         if found is None:
             return
         uid = str(json.loads(found.data).get("metadata", {}).get("uid", ""))
@@ -852,6 +835,17 @@ class KubernetesBackend:
                 self._status[name] = PodStatus(
                     name=name, role=pod.role, index=pod.index, phase=PodPhase.PENDING
                 )
+
+    def _read_pod(self, name: str) -> Any:
+        """The pod object ``name`` as the raw response (None: there is none)."""
+        return self._call(
+            f"get pod {name}",
+            self._core.read_namespaced_pod,
+            name,
+            self.namespace,
+            ok_missing=True,
+            _preload_content=False,
+        )
 
     def _remove_object(self, name: str, *, wait: bool = True) -> None:
         """Delete a pod object at once (grace 0) and, with ``wait``, until it is gone, so that
@@ -868,14 +862,7 @@ class KubernetesBackend:
             return
         deadline = time.monotonic() + self.settings.delete_slack_s
         while True:
-            found = self._call(
-                f"get pod {name}",
-                self._core.read_namespaced_pod,
-                name,
-                self.namespace,
-                ok_missing=True,
-                _preload_content=False,
-            )
+            found = self._read_pod(name)
             if found is None:
                 return
             if time.monotonic() > deadline:

@@ -55,6 +55,7 @@ from dlrover_kfp.runtime.rundir import (
     refuse_changed,
     run_inputs,
 )
+from dlrover_kfp.runtime.runfile import RUN_FILE, unfinished_run
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.data import open_dataset, split_ranges
 from dlrover_kfp.training.node import THREADS_ENV
@@ -140,25 +141,6 @@ def _eta(done: int, total: int, rate: float) -> str:
         return "-"
     seconds = (total - done) / rate
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
-
-
-#: In a run's output directory while its master runs: which run it is and when it started, so
-#: that a master started again after a crash (same command, same directory) resumes it.
-RUN_FILE = "run.json"
-
-
-def _unfinished_run(output_dir: Path) -> dict[str, Any] | None:
-    """The run an earlier master left unfinished in ``output_dir`` (killed), if any."""
-    path = output_dir / RUN_FILE
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise UserInputError(f"{path}: unreadable ({exc}); remove it to start afresh") from None
-    if not isinstance(data, dict) or not {"run_id", "job", "started_wall"} <= data.keys():
-        raise UserInputError(f"{path}: not a run file of dlrover-kfp; remove it to start afresh")
-    return data
 
 
 def pod_name(job: str, role: str, index: int, generation: int = 0) -> str:
@@ -259,7 +241,7 @@ class StaticRun:
             shard_rows=self.settings.shard_rows,
             eval_fraction=self.settings.eval_fraction,
         )
-        previous = _unfinished_run(output_dir) if resume else None
+        previous = unfinished_run(output_dir) if resume else None
         #: the events the earlier master journalled in its run file (a resumed run)
         self.journalled: list[JobEvent] = []
         self._journal_failed = False

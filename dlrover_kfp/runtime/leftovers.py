@@ -14,11 +14,11 @@ touched, so the same ``dlrover-kfp run`` command resumes the run with its exact 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlrover_kfp.backends.local import reap_pods
+from dlrover_kfp.runtime.runfile import unfinished_run_id
 from dlrover_kfp.training import checkpoint as ckpt
 
 
@@ -52,20 +52,6 @@ class Leftovers:
         return "removed what an earlier master left: " + ", ".join(parts)
 
 
-def unfinished_run_id(output_dir: Path) -> str | None:
-    """The run id of the run left unfinished in ``output_dir`` (its run file), if any."""
-    # Imported here: the output directory's lock (rundir), which runtime.job imports, may call
-    # this module as soon as it holds the directory.
-    from dlrover_kfp.runtime.job import RUN_FILE  # noqa: PLC0415
-
-    try:
-        data = json.loads((output_dir / RUN_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    run_id = data.get("run_id") if isinstance(data, dict) else None
-    return run_id if isinstance(run_id, str) and run_id else None
-
-
 def reap_leftovers(output_dir: Path, run_id: str | None = None) -> Leftovers:
     """Remove what earlier masters of ``output_dir`` left on this machine: their local pods'
     processes and cgroups (:func:`~dlrover_kfp.backends.local.reap_pods`, by the marks each
@@ -81,4 +67,4 @@ def reap_leftovers(output_dir: Path, run_id: str | None = None) -> Leftovers:
     )
 
 
-__all__ = ["Leftovers", "reap_leftovers", "unfinished_run_id"]
+__all__ = ["Leftovers", "reap_leftovers"]

@@ -35,6 +35,7 @@ from dlrover_kfp.core.spec import JobSpec, SyntheticData
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.runtime.leftovers import reap_leftovers
 from dlrover_kfp.runtime.reserve import RESERVE_FILE
+from dlrover_kfp.runtime.runfile import unfinished_run_id
 from dlrover_kfp.training.data import CriteoFiles, Dataset
 
 log = logging.getLogger(__name__)
@@ -293,12 +294,11 @@ def hold_output_dir(
 
 def _run_id_of(output_dir: Path) -> str | None:
     """The run id an earlier run left in the directory (its run file, else its profile)."""
-    for name in ("run.json", "profile.json"):
+    run_id = unfinished_run_id(output_dir)
+    if run_id is None:
         with contextlib.suppress(OSError, ValueError, AttributeError):
-            run_id = json.loads((output_dir / name).read_text()).get("run_id")
-            if isinstance(run_id, str) and run_id and "/" not in run_id:
-                return run_id
-    return None
+            run_id = json.loads((output_dir / "profile.json").read_text()).get("run_id")
+    return run_id if isinstance(run_id, str) and run_id and "/" not in run_id else None
 
 
 __all__ = [

@@ -29,11 +29,13 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Protocol
+
+import pytest
 
 from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.backends.api import PodPhase, PodStatus
@@ -821,6 +823,20 @@ class SmallDisk:
             filler.unlink(missing_ok=True)
 
         return free
+
+
+def mounted_small_disk(path: Path, size_mb: int) -> Iterator[SmallDisk]:
+    """A :class:`SmallDisk` for a fixture to ``yield from``: mounted for the test, unmounted
+    after it; the test is skipped, with the reason, where no tmpfs can be mounted (not root)."""
+    disk = SmallDisk(path, size_mb=size_mb)
+    try:
+        disk.__enter__()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(reason=f"cannot mount a tmpfs as the full disk (needs root): {exc}")
+    try:
+        yield disk
+    finally:
+        disk.__exit__()
 
 
 def check(outcome: ChaosOutcome, reference: float) -> None:

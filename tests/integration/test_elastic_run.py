@@ -4,6 +4,7 @@ processes on the local backend (CPU limits enforced where the machine allows cgr
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import statistics
@@ -19,10 +20,9 @@ from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.planner.settings import NodeLimits
-from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.core.spec import JobSpec, SyntheticData
 from dlrover_kfp.runtime.elastic import ElasticRun
 from dlrover_kfp.runtime.job import RunResult, RunSettings
-from dlrover_kfp.training.data import open_dataset, split_ranges
 
 MODEL = (
     "{embedding_dim: 8, table_sizes: [1000, 50, 7, 3000, 20000, 500], dense_features: 13, "
@@ -42,10 +42,12 @@ QUIET = dataclasses.replace(
 )
 
 
-def _spec(rows: int, workers: str, ps: str) -> JobSpec:
+def _spec(
+    rows: int, workers: str, ps: str, *, name: str = "elastic", model: str = MODEL
+) -> JobSpec:
     text = f"""
-name: elastic
-model: {MODEL}
+name: {name}
+model: {model}
 data: {{format: synthetic, rows: {rows}, seed: 3}}
 training: {{batch_size: 512, learning_rate: 0.05}}
 resources:
@@ -57,10 +59,13 @@ resources:
 
 
 def _trained_rows(spec: JobSpec, settings: RunSettings) -> int:
-    """rows x epochs minus the held-out rows, from the data itself (not from the run)."""
-    dataset = open_dataset(spec.data, spec.model)
-    train, _ = split_ranges(dataset.source_rows, settings.shard_rows, settings.eval_fraction)
-    return sum(r.end - r.start for r in train) * spec.training.epochs
+    """rows x epochs minus the held-out rows, from the spec and the documented rule (not from
+    the code that splits the data): a source of n rows holds out its last floor(n·f) rows, at
+    least one."""
+    assert isinstance(spec.data, SyntheticData), "one source of a known row count"
+    rows = spec.data.rows
+    held_out = max(1, math.floor(rows * settings.eval_fraction + 1e-9))
+    return (rows - held_out) * spec.training.epochs
 
 
 def _run(

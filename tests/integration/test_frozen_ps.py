@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 
 from dlrover_kfp.backends import LocalBackend
-from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.planner.settings import NodeLimits
@@ -34,7 +33,8 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime import checkpoints, elastic, liveness
 from dlrover_kfp.runtime.elastic import ElasticRun
 from dlrover_kfp.runtime.job import RunResult, RunSettings, StaticRun
-from dlrover_kfp.training.data import open_dataset, split_ranges
+from tests.integration.test_elastic_run import _spec as elastic_spec
+from tests.integration.test_elastic_run import _trained_rows
 
 MODEL = (
     "{embedding_dim: 8, table_sizes: [1000, 50, 7, 3000], dense_features: 13, "
@@ -54,24 +54,7 @@ CHECKPOINT_S = 2.0
 
 
 def _spec(rows: int, workers: str, ps: str) -> JobSpec:
-    text = f"""
-name: frozen
-model: {MODEL}
-data: {{format: synthetic, rows: {rows}, seed: 3}}
-training: {{batch_size: 512, learning_rate: 0.05}}
-resources:
-  limits: {{cpu: 2, memory: 12Gi}}
-  workers: {workers}
-  ps: {ps}
-"""
-    return parse(JobSpec, load_text(text, "test"), "test")
-
-
-def _trained_rows(spec: JobSpec, settings: RunSettings) -> int:
-    """rows x epochs minus the held-out rows, from the data itself (not from the run)."""
-    dataset = open_dataset(spec.data, spec.model)
-    train, _ = split_ranges(dataset.source_rows, settings.shard_rows, settings.eval_fraction)
-    return sum(r.end - r.start for r in train) * spec.training.epochs
+    return elastic_spec(rows, workers, ps, name="frozen", model=MODEL)
 
 
 def _freeze(backend: LocalBackend, pod: str) -> float:

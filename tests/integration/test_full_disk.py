@@ -29,7 +29,7 @@ from dlrover_kfp.history.pending import pending_dir
 from dlrover_kfp.runtime.job import RunResult
 from dlrover_kfp.runtime.launch import record_run
 from dlrover_kfp.runtime.reserve import RESERVE_FILE, ProfileReserve
-from tests.chaos.harness import SmallDisk
+from tests.chaos.harness import SmallDisk, mounted_small_disk
 from tests.factories import make_profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,15 +47,7 @@ resources:
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[SmallDisk]:
-    small = SmallDisk(tmp_path / "disk", size_mb=16)
-    try:
-        small.__enter__()
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs as the full disk (needs root): {exc}")
-    try:
-        yield small
-    finally:
-        small.__exit__()
+    yield from mounted_small_disk(tmp_path / "disk", 16)
 
 
 def _history_ids(db: Path) -> list[str]:
@@ -162,23 +154,20 @@ def test_a_run_that_fills_its_disk_fails_with_the_reason_and_its_profile_is_reco
     assert kept.is_file(), err
 
     free()  # as a user would: make room on the disk, then record what waited
-    record = subprocess.run(
-        [*cli, "record", "--pending", "--history", str(db)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert record.returncode == 0, record.stderr
+
+    def after(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [*cli, *args, "--history", str(db)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done
+
+    record = after("record", "--pending")
     assert json.loads(record.stdout) == {"recorded": [{"run_id": run_id, "new": True}]}
-    listed = subprocess.run(
-        [*cli, "history", "list", "--history", str(db)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-    assert listed.returncode == 0, listed.stderr
+    listed = after("history", "list")
     assert run_id in listed.stdout and "failed" in listed.stdout

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import subprocess
 import threading
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
@@ -38,7 +37,7 @@ from dlrover_kfp.training.checkpoint import (
 from dlrover_kfp.training.checkpoint import persist as ck_persist
 from dlrover_kfp.training.checkpoint import restore as ck_restore
 from dlrover_kfp.training.checkpoint import shm as ck_shm
-from tests.chaos.harness import SmallDisk
+from tests.chaos.harness import SmallDisk, mounted_small_disk
 
 F32 = npt.NDArray[np.float32]
 ROWS, DIM, DENSE = 1000, 8, 37
@@ -560,15 +559,7 @@ def test_split_copy_threads(root: Path, shm_dir: Path, monkeypatch: pytest.Monke
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
     """A 4 MiB tmpfs (root only: the chaos suite's full disk) for the checkpoints."""
-    disk = SmallDisk(tmp_path / "disk", size_mb=4)
-    try:
-        disk.__enter__()
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs as the full disk (needs root): {exc}")
-    try:
-        yield disk
-    finally:
-        disk.__exit__()
+    yield from mounted_small_disk(tmp_path / "disk", 4)
 
 
 def test_a_persist_on_a_full_disk_leaves_no_partial_files(

@@ -23,7 +23,7 @@ from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.history import ENV_VAR, default_history_path, open_history, resolve_history_url
 from dlrover_kfp.history.migrations import LATEST_VERSION, schema_version
-from tests.chaos.harness import SmallDisk
+from tests.chaos.harness import SmallDisk, mounted_small_disk
 from tests.contract.test_history_store import POSTGRES_ENV, POSTGRES_SKIP
 from tests.factories import make_profile
 
@@ -344,15 +344,7 @@ def test_a_history_path_whose_directory_does_not_exist_is_refused(
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
     """A 1 MiB tmpfs (root only: the chaos suite's full disk)."""
-    disk = SmallDisk(tmp_path / "disk", size_mb=1)
-    try:
-        disk.__enter__()
-    except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"cannot mount a tmpfs (needs root): {exc}")
-    try:
-        yield disk
-    finally:
-        disk.__exit__()
+    yield from mounted_small_disk(tmp_path / "disk", 1)
 
 
 def test_a_history_on_a_read_only_mount_says_read_only(
@@ -394,7 +386,7 @@ def test_a_postgres_database_that_does_not_exist_is_a_user_error(
 ) -> None:
     server = os.environ.get(POSTGRES_ENV)
     if not server:
-        pytest.skip(POSTGRES_SKIP)
+        pytest.skip(reason=POSTGRES_SKIP)
     url = sa.make_url(server).set(database="no_such_history_db")
     given = url.render_as_string(hide_password=False)
     code, out, err = run(capsys, "history", "list", "--history", given)

@@ -79,7 +79,9 @@ def test_an_output_dir_that_is_a_file_or_under_a_file_is_a_one_line_error(tmp_pa
 
 
 def test_fresh_archives_the_earlier_run_and_keeps_the_lock_file(tmp_path: Path) -> None:
-    (tmp_path / "run.json").write_text(json.dumps({"run_id": "job-1"}))
+    (tmp_path / "run.json").write_text(
+        json.dumps({"run_id": "job-1", "job": "job", "started_wall": 1.0})
+    )
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "x").write_text("1")
     with hold_output_dir(tmp_path, fresh=True) as held:
@@ -89,7 +91,9 @@ def test_fresh_archives_the_earlier_run_and_keeps_the_lock_file(tmp_path: Path) 
     assert (archived / "checkpoints" / "x").read_text() == "1"
     assert json.loads((archived / "run.json").read_text())["run_id"] == "job-1"
     # A second archive of the same run id does not overwrite the first.
-    (tmp_path / "run.json").write_text(json.dumps({"run_id": "job-1"}))
+    (tmp_path / "run.json").write_text(
+        json.dumps({"run_id": "job-1", "job": "job", "started_wall": 1.0})
+    )
     assert archive_run(tmp_path, "job-1") == tmp_path / "archive" / "job-1.2"
     assert archive_run(tmp_path) is None  # nothing left to move
 
