@@ -62,6 +62,10 @@ def test_pod_faults_lose_nothing(seed: int, tmp_path: Path, reference_loss: floa
     check(outcome, reference_loss)
 
 
+# 23 s: opt-in to hold the default suite under 10 minutes. A persist and a commit on a full disk
+# (no partial files, the previous checkpoint kept) are tested in tests/training/test_checkpoint.py,
+# a run that ends on a full disk in tests/integration/test_full_disk.py.
+@pytest.mark.long
 def test_a_full_disk_fails_a_checkpoint_and_the_previous_one_restores(
     tmp_path: Path, reference_loss: float
 ) -> None:
