@@ -50,7 +50,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.optimize import lsq_linear, nnls
 
 from dlrover_kfp.core.observation import Config, Observation
 
@@ -805,6 +804,10 @@ def solve_nnls(
     in the cluster simulator's warm starts). Then the same problem goes to the bounded
     least-squares solver, which converges where the active set cycles.
     """
+    # Imported here, where the fit runs: scipy.optimize takes 0.4 s, and every `dlrover-kfp`
+    # command imports this module (the planner's settings, the model files).
+    from scipy.optimize import lsq_linear, nnls  # noqa: PLC0415
+
     try:
         solution, rnorm = nnls(a, b, maxiter=maxiter)
     except RuntimeError:

@@ -374,7 +374,7 @@ class ElasticRun(StaticRun):
 
     def _launch_all(self, state: MasterState, ps: NodeGroup, workers: NodeGroup) -> None:
         """Start the job's every pod again, after the old ones stopped: the PS, a new
-        generation, then, once they registered, the workers."""
+        generation, then, once their pods run, the workers."""
         with state.lock:
             generation = state.generation = state.generation + 1
             state.switch = None
@@ -387,11 +387,14 @@ class ElasticRun(StaticRun):
         for k in range(ps.count):
             self._ps_pods[k] = self._pod_name("ps", k, generation)
             self.backend.launch(self._pod("ps", k, ps, self.address, generation=generation))
-        self._wait_for_ps(state, self.clock())
-        self.coordinator = self._new_coordinator(state)
-        for k in range(workers.count):
-            self._launch_worker(k, workers)
         self.workers = workers
+
+        def launch_workers() -> None:
+            for k in range(workers.count):
+                self._launch_worker(k, workers)
+
+        self._wait_for_ps(state, self.clock(), launch_workers)
+        self.coordinator = self._new_coordinator(state)
 
     def _launch_worker(self, index: int, group: NodeGroup) -> None:
         """(Re)start worker ``index`` at ``group``'s size; a stop of it is no longer ours.

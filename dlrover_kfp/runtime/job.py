@@ -45,7 +45,7 @@ from dlrover_kfp.errors import TransientError, UserInputError
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.runtime import signals
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
-from dlrover_kfp.runtime.export import evaluate_and_export
+from dlrover_kfp.runtime.export import evaluate_and_export, preload_in_background
 from dlrover_kfp.runtime.liveness import FrozenPs, PsWatch, WatchedPs
 from dlrover_kfp.runtime.master import MasterService, MasterState
 from dlrover_kfp.runtime.reserve import ProfileReserve
@@ -584,15 +584,19 @@ class StaticRun:
                 f"{self.run_id}: starting {self.ps.count} PS "
                 f"({self.ps.cpu:g} cpu, {self.ps.memory_mb} MiB each)"
             )
-            self._wait_for_ps(state, start)
+
+            def launch_workers() -> None:
+                for k in range(self.workers.count):
+                    self.backend.launch(self._pod("worker", k, self.workers, address))
+                self.progress(
+                    f"{self.run_id}: {self.workers.count} workers ({self.workers.cpu:g} cpu, "
+                    f"{self.workers.memory_mb} MiB each), {len(self.ledger.ranges)} shards x "
+                    f"{self.ledger.epochs} epoch(s), {self.ledger.total_rows:,} rows to train"
+                )
+
+            preload_in_background()
+            self._wait_for_ps(state, start, launch_workers)
             coordinator = self.coordinator = self._new_coordinator(state)
-            for k in range(self.workers.count):
-                self.backend.launch(self._pod("worker", k, self.workers, address))
-            self.progress(
-                f"{self.run_id}: {self.workers.count} workers ({self.workers.cpu:g} cpu, "
-                f"{self.workers.memory_mb} MiB each), {len(self.ledger.ranges)} shards x "
-                f"{self.ledger.epochs} epoch(s), {self.ledger.total_rows:,} rows to train"
-            )
             self._train(state, start)
             coordinator = self.coordinator
             self._final_checkpoint(state, self._next_checkpoint_step(state))
@@ -686,12 +690,30 @@ class StaticRun:
         state.job_config["restore"] = choice is not None
         state.job_config["restore_choice"] = None if choice is None else choice.to_dict()
 
-    def _wait_for_ps(self, state: MasterState, start: float) -> None:
+    def _wait_for_ps(
+        self, state: MasterState, start: float, launch_workers: Callable[[], None]
+    ) -> None:
+        """Until every PS serves (it registered its address), launching the workers as soon as
+        every PS pod runs: a worker's start (the interpreter, torch) then overlaps the PS's
+        instead of following it (about 3 s a run on two cores), and it waits for the PS set
+        in its first request to the master. Waiting for the PS pods to run, not only to be
+        created, keeps their place ahead of the workers on a cluster short of room.
+
+        A PS that fails here goes to :meth:`_start_failed`; a worker that fails here is left
+        to the training loop's failure handling, as one failing later would be."""
+        launched = False
         while True:
+            statuses = self.backend.statuses()
+            ps = [s for s in statuses if s.role == "ps"]
             with state.lock:
-                if state.all_ps_registered:
-                    return
-            failed = self._failed(self.backend.statuses())
+                registered = state.all_ps_registered
+            running = sum(1 for s in ps if s.phase is PodPhase.RUNNING)
+            if not launched and (registered or running >= self.ps.count):
+                launch_workers()
+                launched = True
+            if registered:
+                return
+            failed = self._failed(ps)
             if failed is not None:
                 self._start_failed(failed)
                 start = self.clock()  # a relaunched PS gets the whole start-up time again
@@ -714,6 +736,20 @@ class StaticRun:
                 return
             time.sleep(0.05)
 
+    def _show_progress(self, state: MasterState) -> None:
+        """The progress line of the newest sample."""
+        total = self.ledger.total_rows
+        trained, steps, loss_sum, _ = state.totals()
+        recent = self.samples[-1].throughput
+        loss = f"{loss_sum / trained:.4f}" if trained else "-"
+        if isinstance(self.progress, Meter):
+            self.progress.advance(trained, total)
+        self.progress(
+            f"[{100 * trained / total:5.1f}%] {trained:,}/{total:,} samples  "
+            f"{recent:,.0f} samples/s  step {steps:,}  loss {loss}  "
+            f"eta {_eta(trained, total, recent)}"
+        )
+
     def _describe_failure(self, pod: PodStatus) -> str:
         """The pod, how it ended and, when its output says, why (its last error line)."""
         why = f": {pod.message}" if pod.message else ""
@@ -732,7 +768,6 @@ class StaticRun:
         self._rebase_rates(state, t0)
         next_sample = t0 + s.sample_interval_s
         next_checkpoint = t0 + s.checkpoint_interval_s if s.checkpoint_interval_s > 0 else math.inf
-        total = self.ledger.total_rows
         finished_at: float | None = None  # when the last shard was done
         while True:
             time.sleep(0.1)
@@ -751,21 +786,13 @@ class StaticRun:
             if done and not running:
                 if not self.samples or t - self.samples[-1].time > 0.5:
                     self._sample(state, t, last_sample)
+                    self._show_progress(state)  # a job shorter than one interval shows one
                 return
             if t >= next_sample:
                 self._check_data()
                 last_sample = self._sample(state, t, last_sample)
                 next_sample = t + s.sample_interval_s
-                trained, steps, loss_sum, _ = state.totals()
-                recent = self.samples[-1].throughput
-                loss = f"{loss_sum / trained:.4f}" if trained else "-"
-                if isinstance(self.progress, Meter):
-                    self.progress.advance(trained, total)
-                self.progress(
-                    f"[{100 * trained / total:5.1f}%] {trained:,}/{total:,} samples  "
-                    f"{recent:,.0f} samples/s  step {steps:,}  loss {loss}  "
-                    f"eta {_eta(trained, total, recent)}"
-                )
+                self._show_progress(state)
                 self._decide(state, t)
                 # Applying a plan takes time: the next sample starts a fresh window.
                 t = self.clock() - start

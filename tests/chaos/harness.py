@@ -193,7 +193,13 @@ def trained_rows(spec: JobSpec, settings: RunSettings) -> int:
 #: Rows of the chaos job: ~10-20 s of training on two busy cores.
 ROWS = 600_000
 
-SETTINGS = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=2.0, finish_grace_s=5.0)
+#: A checkpoint a second: the faults wait for the first one to be committed, which then comes
+#: early in the run (a run trains its rows in 5-10 s).
+SETTINGS = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=1.0, finish_grace_s=5.0)
+
+#: How long a fault waits for its pod to run again when an earlier fault is still being
+#: recovered from (a relaunch: a pod's start is 3-6 s on two busy cores).
+RELAUNCH_WAIT_S = 30.0
 
 
 # --------------------------------------------------------------------------- the injector
@@ -326,18 +332,37 @@ class Injector:
                 break
             self._apply(run, backend, job, injection)
 
-    def _apply(self, run: ElasticRun, backend: Pods, job: str, inj: Injection) -> None:
-        t = time.monotonic() - run.start
-        role = "ps" if inj.fault in PS_FAULTS else "worker"
-        # The live pod of that role and index (a PS moved or restored has a new name).
-        live = next(
+    def _live_pod(self, run: ElasticRun, role: str, index: int) -> PodStatus | None:
+        """The running pod of that role and index (a PS moved or restored has a new name)."""
+        return next(
             (
                 st
                 for st in run.backend.statuses()
-                if st.role == role and st.index == inj.index and not st.phase.terminal
+                if st.role == role and st.index == index and not st.phase.terminal
             ),
             None,
         )
+
+    def _await_pod(self, run: ElasticRun, backend: Pods, role: str, index: int) -> None:
+        """Until that pod runs (and is not stopped), for up to RELAUNCH_WAIT_S: a fault that
+        comes while an earlier one's pod is relaunched hits the new pod, as it would in a
+        cluster, instead of being skipped."""
+        deadline = time.monotonic() + RELAUNCH_WAIT_S
+        while time.monotonic() < deadline:
+            live = self._live_pod(run, role, index)
+            if live is not None and _live_pid(backend, live.name) is not None:
+                return
+            with run.state.lock:
+                if run.state.ledger.finished:
+                    return
+            time.sleep(0.05)
+
+    def _apply(self, run: ElasticRun, backend: Pods, job: str, inj: Injection) -> None:
+        role = "ps" if inj.fault in PS_FAULTS else "worker"
+        if inj.fault is not Fault.DISK_FULL:
+            self._await_pod(run, backend, role, inj.index)
+        t = time.monotonic() - run.start
+        live = self._live_pod(run, role, inj.index)
         pod = live.name if live is not None else f"{job}-{role}-{inj.index}"
         if inj.fault is Fault.DISK_FULL:
             assert self.fill_disk is not None

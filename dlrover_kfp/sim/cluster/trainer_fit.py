@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.sim.cluster.truth import TrainerTruth
@@ -122,6 +121,10 @@ def _truth(params: Sequence[float]) -> TrainerTruth:
 
 def fit_trainer(runs: Sequence[_Run], source: str) -> TrainerFit:
     """Least squares on log throughput, log worker cores and log PS cores together."""
+    # Imported here: scipy.optimize takes 0.4 s, and the simulator usually reads the packaged
+    # fit (packaged_fit) rather than fitting.
+    from scipy.optimize import least_squares  # noqa: PLC0415
+
     used = [r for r in runs if r.worker_cpu <= MAX_FIT_WORKER_CPU + 1e-9]
     if len(used) < 5:
         raise UserInputError(f"{source}: {len(used)} usable runs, need at least 5")

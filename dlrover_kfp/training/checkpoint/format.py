@@ -24,17 +24,22 @@ import struct
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from dlrover_kfp.core.partition import Partition
 from dlrover_kfp.errors import PermanentError, TransientError, UserInputError
 
+if TYPE_CHECKING:
+    # Only for the types: torch takes a second to import, and the processes that only name,
+    # list or remove checkpoints (the master, `dlrover-kfp cleanup`) never hold a tensor.
+    import torch
+
+    ArrayLike: TypeAlias = npt.NDArray[Any] | torch.Tensor
+
 AnyArray = npt.NDArray[Any]
-ArrayLike = npt.NDArray[Any] | torch.Tensor
 PathLike = str | os.PathLike[str]
 Source = Literal["shm", "disk"]
 
@@ -83,14 +88,16 @@ def _align(n: int, to: int) -> int:
 
 def _as_numpy(name: str, array: ArrayLike) -> AnyArray:
     """A numpy view of a CPU tensor (no copy) or the array itself."""
+    if isinstance(array, np.ndarray):
+        return array
+    import torch  # noqa: PLC0415 (a tensor comes from a process that has torch loaded)
+
     if isinstance(array, torch.Tensor):
         if array.device.type != "cpu":
             raise UserInputError(
                 f"array {name!r} is on {array.device}; flash checkpoints hold CPU state"
             )
         return array.detach().numpy()
-    if isinstance(array, np.ndarray):
-        return array
     raise UserInputError(
         f"array {name!r}: expected a numpy array or a torch tensor, got {type(array).__name__}"
     )

@@ -31,7 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.training.checkpoint.format import (
@@ -42,7 +42,6 @@ from dlrover_kfp.training.checkpoint.format import (
     MANIFEST_FORMAT,
     STATE_COMPLETE,
     ArrayDesc,
-    ArrayLike,
     CheckpointError,
     CheckpointWriteError,
     PartMeta,
@@ -51,6 +50,9 @@ from dlrover_kfp.training.checkpoint.format import (
     _Header,
 )
 from dlrover_kfp.training.checkpoint.shm import ShmSnapshot, SnapshotStats, _Current
+
+if TYPE_CHECKING:
+    from dlrover_kfp.training.checkpoint.format import ArrayLike
 
 logger = logging.getLogger(__name__)
 

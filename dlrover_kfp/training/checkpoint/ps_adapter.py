@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from dlrover_kfp.training.checkpoint.format import (
     AnyArray,
     CheckpointError,
@@ -25,6 +23,8 @@ from dlrover_kfp.training.checkpoint.persist import FlashCheckpointer, PartRecor
 from dlrover_kfp.training.checkpoint.restore import CheckpointChoice, load_checkpoint
 
 if TYPE_CHECKING:
+    import torch
+
     from dlrover_kfp.training.ps_state import PsConfig, PsState
 
 logger = logging.getLogger(__name__)
@@ -123,6 +123,10 @@ def restore_ps_state(
     :func:`select_checkpoint`), exactly that checkpoint: every PS of a job rolling back must
     restore the same one, the one whose shard ledger the master restored.
     """
+    # The PS process has torch loaded; importing the checkpoint package must not load it
+    # (the master and `dlrover-kfp cleanup` use it without ever holding a tensor).
+    import torch  # noqa: PLC0415
+
     from dlrover_kfp.training.ps_state import PsState  # noqa: PLC0415 (ps_state imports torch models)
 
     restored = load_checkpoint(

@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,7 +27,6 @@ from dlrover_kfp.training.checkpoint.format import (
     MANIFEST,
     ROW_ARRAYS,
     AnyArray,
-    ArrayLike,
     CheckpointCorruptError,
     CheckpointError,
     PartMeta,
@@ -39,6 +38,9 @@ from dlrover_kfp.training.checkpoint.format import (
 from dlrover_kfp.training.checkpoint.persist import _committed
 from dlrover_kfp.training.checkpoint.reader import PartRef, _fresh_array, _PartFile, _RowSink
 from dlrover_kfp.training.checkpoint.shm import list_shm
+
+if TYPE_CHECKING:
+    from dlrover_kfp.training.checkpoint.format import ArrayLike
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import numpy as np
@@ -48,7 +48,6 @@ from dlrover_kfp.training.checkpoint.format import (
     STATE_WRITING,
     AnyArray,
     ArrayDesc,
-    ArrayLike,
     ArraySpec,
     CheckpointBusyError,
     CheckpointError,
@@ -61,6 +60,9 @@ from dlrover_kfp.training.checkpoint.format import (
     _layout,
 )
 from dlrover_kfp.training.checkpoint.reader import SnapshotInfo, read_snapshot
+
+if TYPE_CHECKING:
+    from dlrover_kfp.training.checkpoint.format import ArrayLike
 
 logger = logging.getLogger(__name__)
 
