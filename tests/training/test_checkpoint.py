@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
@@ -605,3 +606,26 @@ def test_discard_unfinished_removes_only_that_step(cluster2: Cluster, root: Path
     assert not ck.discard_unfinished(root, 20)  # nothing left to remove
     assert not ck.discard_unfinished(root, 10)  # a committed checkpoint is no .tmp
     assert sorted(p.name for p in root.iterdir()) == ["step-0000000010"]
+
+
+def test_a_part_is_written_when_a_failed_siblings_cleanup_removes_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PS whose part failed removes the step's directory once it is empty; when that falls
+    between another PS's mkdir and open, the other's part must still get its own outcome
+    (seen on CI: "No such file or directory" instead of "No space left on device")."""
+    step_dir = tmp_path / "step-0000000020.tmp"
+    path = step_dir / "ps-1.bin"
+    real_open = os.open
+    raced: list[str] = []
+
+    def open_after_a_siblings_cleanup(file: Any, flags: int, mode: int = 0o777) -> int:
+        if not raced:
+            raced.append(str(file))
+            step_dir.rmdir()  # the sibling's _remove_partial, between our mkdir and open
+        return real_open(file, flags, mode)
+
+    monkeypatch.setattr(ck_persist.os, "open", open_after_a_siblings_cleanup)
+    os.close(ck_persist._create_part(step_dir, path))
+    assert raced == [str(path)]
+    assert path.is_file()

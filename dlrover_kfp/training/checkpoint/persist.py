@@ -139,8 +139,7 @@ def _persist_part(root: Path, shm: ShmSnapshot, cur: _Current) -> PartRecord:
     path = step_dir / f"{shm.meta.part}.bin"
     crc = 0
     try:
-        step_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = _create_part(step_dir, path)
         try:
             with shm._view() as view:
                 pos = HEADER_SIZE
@@ -165,6 +164,24 @@ def _persist_part(root: Path, shm: ShmSnapshot, cur: _Current) -> PartRecord:
         raise CheckpointWriteError(f"{path}: cannot write checkpoint part: {exc.strerror}") from exc
     shm._set_crc(cur.seq, crc)
     return PartRecord(shm.meta, cur.step, cur.seq, path.name, cur.total_len, crc, cur.arrays)
+
+
+def _create_part(step_dir: Path, path: Path) -> int:
+    """Create ``path`` in ``step_dir``, making the directory. A PS whose own part failed removes
+    the step's directory when it finds it empty (:func:`_remove_partial`); when that falls
+    between this one's ``mkdir`` and ``open``, the open fails with "No such file or directory"
+    instead of this part's own outcome (on a full disk: "No space left on device"). The
+    directory is made again then; once the file exists the directory is not empty, and no
+    other PS removes it."""
+    attempts = 3
+    while True:
+        step_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except FileNotFoundError:
+            attempts -= 1
+            if not attempts:
+                raise
 
 
 def _remove_partial(path: Path) -> None:
