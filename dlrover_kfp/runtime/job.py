@@ -784,7 +784,14 @@ class StaticRun:
                 if t - finished_at > s.finish_grace_s:
                     self._stop_lingering(running, t - finished_at, t)
             if done and not running:
-                if not self.samples or t - self.samples[-1].time > 0.5:
+                # The last sample carries the run's final counts (the workers' last reports
+                # can all come after the newest sample): taken unless that one is recent and
+                # has them already.
+                if (
+                    not self.samples
+                    or t - self.samples[-1].time > 0.5
+                    or self.samples[-1].global_step != state.totals()[1]
+                ):
                     self._sample(state, t, last_sample)
                     self._show_progress(state)  # a job shorter than one interval shows one
                 return
