@@ -36,12 +36,12 @@ from dlrover_kfp.training.wire import (
     ProtocolError,
     RemoteError,
     Server,
-    _FrameReader,
     connect,
     decode_frame,
     encode_frame,
     new_secret,
 )
+from dlrover_kfp.training.wire.codec import _FrameReader
 from tests.fuzz._support import UNEXPECTED, fuzz_settings, time_limit
 
 pytestmark = time_limit(300)

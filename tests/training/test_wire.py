@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import socket
 import struct
@@ -16,7 +17,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import numpy as np
@@ -151,8 +152,10 @@ def fake_server(payload: bytes, secret: bytes = SECRET) -> Iterator[tuple[str, i
                 return  # the client gave up on us
             sock.sendall(b"DKOK" + payload)
             sock.settimeout(5)
-            while sock.recv(65536):
-                pass
+            # until the client goes; one that refused a frame resets with bytes still unread
+            with suppress(ConnectionResetError):
+                while sock.recv(65536):
+                    pass
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -517,6 +520,66 @@ def test_a_frame_over_the_servers_limit_closes_the_connection() -> None:
                 conn.request("echo", None, (np.zeros(2 * 1024 * 1024, np.uint8),))
         with connect(server.address, SECRET) as conn:
             conn.request("echo")
+
+
+# ------------------------------------------------------------ the size limit to the byte
+# The tests above announce 10 GiB, or send twice a server's limit: a bound checked against
+# twice the limit (or the limit plus a header) still refuses those. These pin it to the byte, at
+# each place that enforces it: the sender, the parser's check of an announced size, a server and
+# a client. Frames are whole multiples of 8 bytes, so "just over" is the limit plus 8.
+
+BOUND = 64 * 1024
+
+
+def filling(total: int) -> tuple[np.ndarray]:
+    """The one uint8 array that makes a kind-"k" message exactly ``total`` bytes on the wire:
+    header 24, then "k" and the 10-byte table entry padded to 16, then the data (``total`` - 40,
+    a multiple of 8 when ``total`` is, so no padding)."""
+    return (np.zeros(total - 40, np.uint8),)
+
+
+def test_a_frame_of_exactly_the_limit_passes_and_one_8_bytes_longer_does_not() -> None:
+    frame = encode_frame("k", None, filling(BOUND), max_message_bytes=BOUND)
+    assert len(frame) == BOUND
+    assert decode_frame(frame, max_message_bytes=BOUND).arrays[0].nbytes == BOUND - 40
+    with pytest.raises(MessageError, match=f"message of {BOUND + 8} bytes exceeds"):
+        encode_frame("k", None, filling(BOUND + 8), max_message_bytes=BOUND)
+    # A bare header announcing kind "k" and data: 24 + 8 (kind padded) + data bytes in all. At
+    # the limit it is only cut short; 8 bytes over, the announcement itself is refused.
+    with pytest.raises(ProtocolError, match="truncated"):
+        decode_frame(header(data=BOUND - 32), max_message_bytes=BOUND)
+    with pytest.raises(ProtocolError, match=f"frame of {BOUND + 8} bytes announced"):
+        decode_frame(header(data=BOUND + 8 - 32), max_message_bytes=BOUND)
+
+
+@THREADED
+def test_a_server_answers_a_frame_of_exactly_its_limit_and_drops_one_8_bytes_longer(
+    threaded: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="dlrover_kfp.training.wire")
+    with serving(max_message_bytes=BOUND, threaded=threaded) as server:
+        with connect(server.address, SECRET) as conn:
+            assert conn.request("k", None, filling(BOUND)).arrays[0].nbytes == BOUND - 40
+            conn.send("k", None, filling(BOUND + 8))
+            with pytest.raises(ConnectionClosedError):
+                conn.recv()
+        with connect(server.address, SECRET) as conn:
+            conn.request("echo")
+    # Dropped for its announcement, not because the receive buffer (capped at the limit) filled.
+    assert f"frame of {BOUND + 8} bytes announced" in caplog.text
+
+
+def test_a_client_takes_a_frame_of_exactly_its_limit_and_refuses_one_8_bytes_longer() -> None:
+    at = encode_frame("k", None, filling(BOUND))
+    over = encode_frame("k", None, filling(BOUND + 8))
+    with (
+        fake_server(at + over) as address,
+        connect(address, SECRET, max_message_bytes=BOUND) as conn,
+    ):
+        assert conn.recv().arrays[0].nbytes == BOUND - 40
+        with pytest.raises(ProtocolError, match=f"frame of {BOUND + 8} bytes announced"):
+            conn.recv()
+        assert conn.closed
 
 
 # ----------------------------------------------------------------------- server behaviour
