@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import os
 import socket
@@ -41,7 +40,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import yaml
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
@@ -63,20 +61,23 @@ from airflow_plugin.triggers import (
     process_create_time,
     terminate_master,
 )
-from dlrover_kfp.core.documents import parse, to_dict, to_json
-from dlrover_kfp.core.plan import ResourcePlan
-from dlrover_kfp.core.profile import JobProfile
-from dlrover_kfp.core.spec import CriteoData
 from dlrover_kfp.errors import (
     EXIT_TRANSIENT,
     EXIT_USER_ERROR,
     PermanentError,
-    SpecError,
     TransientError,
     UserInputError,
 )
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.history import ENV_VAR
+from dlrover_kfp.steps.documents import (
+    JobProfile,
+    ResourcePlan,
+    plan_from_document,
+    standalone_spec_yaml,
+    to_dict,
+    to_json,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -317,17 +318,7 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
                         f"backend kubernetes: kubernetes[{required!r}] is required"
                     )
         loaded = load_job_spec(self.job_spec)
-        plan_data: Any = self.plan
-        if isinstance(plan_data, str):
-            if not plan_data.strip():
-                plan_data = None
-            else:
-                try:
-                    plan_data = json.loads(plan_data)
-                except ValueError as exc:
-                    raise SpecError(f"plan: not a JSON document ({exc})") from None
-        plan = parse(ResourcePlan, plan_data, "plan") if plan_data is not None else None
-        return loaded, plan
+        return loaded, plan_from_document(self.plan)
 
     @staticmethod
     def _write_inputs(
@@ -336,16 +327,11 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         """``job.yaml`` (relative data paths made absolute: the master runs in ``run_dir``) and
         ``plan.json``; what an earlier attempt's master left that would mislead the trigger
         (its profile, its exit status) goes."""
-
-        spec = loaded.spec
-        if isinstance(spec.data, CriteoData) and not Path(spec.data.path).is_absolute():
-            data = dataclasses.replace(spec.data, path=str(loaded.base_dir / spec.data.path))
-            spec = dataclasses.replace(spec, data=data)
         run_dir.mkdir(parents=True, exist_ok=True)
         for stale in (PROFILE_FILE, MASTER_EXIT, REPORT_FILE):
             (run_dir / stale).unlink(missing_ok=True)
         spec_path = run_dir / JOB_FILE
-        write_atomic(spec_path, yaml.safe_dump(to_dict(spec), sort_keys=False))
+        write_atomic(spec_path, standalone_spec_yaml(loaded))
         plan_path = None
         if plan is not None:
             plan_path = run_dir / PLAN_FILE
@@ -501,10 +487,10 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         still be recorded (the next task) when its report cannot be drawn or written, so any
         error here is logged with its traceback and the task goes on without a report (the
         KFP component does the same)."""
-        from dlrover_kfp.report import render_run_report  # noqa: PLC0415 - matplotlib: slow
+        from dlrover_kfp.steps.report import run_report_html  # noqa: PLC0415 - as above
 
         try:
-            write_atomic(path, render_run_report(profile))
+            write_atomic(path, run_report_html(profile))
         except Exception:  # deliberately broad, and logged: see the docstring
             self.log.exception("could not write the run report %s", path)
             return None

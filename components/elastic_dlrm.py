@@ -24,7 +24,7 @@ from kfp import dsl, kubernetes
 from kfp.dsl.pipeline_channel import PipelineParameterChannel
 
 from dlrover_kfp import __version__
-from dlrover_kfp.runtime.kube import DEFAULT_MOUNT_PATH
+from dlrover_kfp.steps.train import DEFAULT_MOUNT_PATH
 
 #: The project's image at this version (deploy/build.sh builds and tags it).
 IMAGE = f"dlrover-kfp:{__version__}"

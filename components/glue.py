@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dlrover_kfp.core.documents import to_json
-from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.errors import (
     EXIT_FAILED_RUN,
     EXIT_TRANSIENT,
@@ -33,12 +31,13 @@ from dlrover_kfp.errors import (
     UserInputError,
 )
 from dlrover_kfp.files import write_atomic
+from dlrover_kfp.steps.documents import JobProfile, to_json
 from dlrover_kfp.steps.plan import plan_step
 from dlrover_kfp.steps.record import read_profile, record_step
 from dlrover_kfp.steps.spec import TrainingFailedError, load_job_spec
 
 if TYPE_CHECKING:
-    from dlrover_kfp.runtime.kube import KubeOptions
+    from dlrover_kfp.steps.train import KubeOptions
 
 
 @contextmanager
@@ -159,10 +158,10 @@ def _report_page(profile: JobProfile) -> str:
     """The run's HTML report. The report is an extra: a run that trained must reach the record
     step even when its report cannot be drawn, so a drawing error is logged with its traceback
     and the artifact says what went wrong (the Airflow operator does the same)."""
-    from dlrover_kfp.report import render_run_report  # noqa: PLC0415  (matplotlib: slow import)
+    from dlrover_kfp.steps.report import run_report_html  # noqa: PLC0415  (matplotlib: slow)
 
     try:
-        return render_run_report(profile)
+        return run_report_html(profile)
     except Exception as exc:  # deliberately broad, and logged: see the docstring
         traceback.print_exc()
         return (

@@ -11,8 +11,9 @@ exactly what a run would send, and the status rules are tested as functions:
   OOMKilled and exit codes from the container's ``state`` / ``lastState``, eviction, preemption
   and node loss from ``status.reason`` and the ``DisruptionTarget`` condition;
 * :class:`KubernetesSettings`: where and how the pods run, read once at the edge;
-* :func:`parse_cpu` / :func:`parse_memory`: Kubernetes quantities (``250m``, ``1.5``, ``2Gi``,
-  ``123456Ki``, ``1e3``) as metrics.k8s.io and the API server write them.
+* Kubernetes quantities (``250m``, ``1.5``, ``2Gi``, ``123456Ki``, ``1e3``) as metrics.k8s.io
+  and the API server write them are read by the core's one parser
+  (:mod:`dlrover_kfp.core.quantity`), which specs share.
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from dlrover_kfp.backends.api import PodPhase, PodReason, PodSpec, PodStatus, last_error_line
+from dlrover_kfp.backends.api import last_error_line
 from dlrover_kfp.core.profile import Role
 from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.ports import PodPhase, PodReason, PodSpec, PodStatus
 
 #: Labels every object of a job carries (with ``job``: :func:`job_labels`).
 MANAGED_BY = {"app.kubernetes.io/managed-by": "dlrover-kfp"}
@@ -542,47 +543,3 @@ def pod_status(
             else None
         ),
     )
-
-
-# -- quantities ----------------------------------------------------------------------------
-
-_SUFFIX = {
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "": Decimal(1),
-    "k": Decimal(10**3),
-    "M": Decimal(10**6),
-    "G": Decimal(10**9),
-    "T": Decimal(10**12),
-    "P": Decimal(10**15),
-    "E": Decimal(10**18),
-    "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20),
-    "Gi": Decimal(2**30),
-    "Ti": Decimal(2**40),
-    "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}
-_QUANTITY = re.compile(r"([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)")
-
-
-def parse_quantity(text: str) -> Decimal:
-    """A Kubernetes quantity as a number (``250m`` -> 0.25, ``2Gi`` -> 2147483648)."""
-    match = _QUANTITY.fullmatch(str(text).strip())
-    if match is None:
-        raise UserInputError(f"{text!r} is not a Kubernetes quantity")
-    try:
-        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
-    except InvalidOperation:
-        raise UserInputError(f"{text!r} is not a Kubernetes quantity") from None
-
-
-def parse_cpu(text: str) -> float:
-    """Cores."""
-    return float(parse_quantity(text))
-
-
-def parse_memory(text: str) -> float:
-    """MiB."""
-    return float(parse_quantity(text) / (1 << 20))

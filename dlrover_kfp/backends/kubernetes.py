@@ -56,7 +56,25 @@ from kubernetes import config as k8s_config
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]
 
-from dlrover_kfp.backends.api import (
+from dlrover_kfp.backends.k8s_objects import (
+    Holder,
+    KubernetesSettings,
+    LeaseRecord,
+    job_labels,
+    lease_name,
+    lease_record,
+    micro_time,
+    pod_status,
+    render_lease,
+    render_pod,
+    render_secret,
+    secret_keys,
+    secret_name,
+    selector,
+)
+from dlrover_kfp.core.quantity import quantity_cores, quantity_mebibytes
+from dlrover_kfp.errors import PermanentError, TransientError, UserInputError
+from dlrover_kfp.ports import (
     BackendClosedError,
     BackendError,
     PodExistsError,
@@ -66,25 +84,6 @@ from dlrover_kfp.backends.api import (
     PodStatus,
     PodUsage,
 )
-from dlrover_kfp.backends.k8s_objects import (
-    Holder,
-    KubernetesSettings,
-    LeaseRecord,
-    job_labels,
-    lease_name,
-    lease_record,
-    micro_time,
-    parse_cpu,
-    parse_memory,
-    pod_status,
-    render_lease,
-    render_pod,
-    render_secret,
-    secret_keys,
-    secret_name,
-    selector,
-)
-from dlrover_kfp.errors import PermanentError, TransientError, UserInputError
 
 log = logging.getLogger("dlrover_kfp.kubernetes")
 
@@ -463,8 +462,8 @@ class KubernetesBackend:
             if spec is None:
                 continue
             containers = item.get("containers") or []
-            cpu = sum(parse_cpu(c.get("usage", {}).get("cpu", "0")) for c in containers)
-            mem = sum(parse_memory(c.get("usage", {}).get("memory", "0")) for c in containers)
+            cpu = sum(quantity_cores(c.get("usage", {}).get("cpu", "0")) for c in containers)
+            mem = sum(quantity_mebibytes(c.get("usage", {}).get("memory", "0")) for c in containers)
             out.append(
                 PodUsage(
                     name=name,

@@ -64,9 +64,11 @@ from typing import Literal, Self
 import psutil  # type: ignore[import-untyped, unused-ignore]
 
 from dlrover_kfp.backends import cgroups as cg
-from dlrover_kfp.backends.api import (
-    BACKEND_LOG_PREFIX,
+from dlrover_kfp.backends.api import BACKEND_LOG_PREFIX, last_error_line
+from dlrover_kfp.files import write_atomic
+from dlrover_kfp.ports import (
     BackendClosedError,
+    Clock,
     PodExistsError,
     PodNotFoundError,
     PodPhase,
@@ -74,10 +76,8 @@ from dlrover_kfp.backends.api import (
     PodSpec,
     PodStatus,
     PodUsage,
-    last_error_line,
+    SystemClock,
 )
-from dlrover_kfp.files import write_atomic
-from dlrover_kfp.ports import Clock, SystemClock
 
 logger = logging.getLogger(__name__)
 

@@ -31,6 +31,7 @@ from dlrover_kfp.runtime.kube import (
     run_kubernetes,
 )
 from dlrover_kfp.runtime.launch import record_run, run_local, unwind_on_sigterm
+from dlrover_kfp.steps.spec import load_spec_file
 
 
 def register(sub: Any) -> None:
@@ -175,8 +176,8 @@ def _run(args: argparse.Namespace) -> int:
             flag = "--" + name.replace("_", "-")
             print(f"dlrover-kfp: error: {flag}: must be positive", file=sys.stderr)
             return 2
-    job_path = Path(args.job)
-    spec = read_document(JobSpec, job_path)
+    loaded = load_spec_file(Path(args.job))
+    spec = loaded.spec
     url = history_url(args) if args.history else None
     output = Path(args.output_dir)
     settings = RunSettings(
@@ -206,7 +207,7 @@ def _run(args: argparse.Namespace) -> int:
     with TerminalProgress(f"{spec.name}: samples") as progress:
         result = run(
             output_dir=output,
-            base_dir=job_path.resolve().parent,
+            base_dir=loaded.base_dir,
             settings=settings,
             progress=progress,
             history_url=url,

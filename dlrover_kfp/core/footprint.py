@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from dlrover_kfp.core.spec import ModelSpec, TrainingSpec
+from typing import Protocol
 
 #: Resident memory of a Python process with torch loaded and nothing trained (MiB), measured
 #: as ~280-350 MiB for the CPU wheel; rounded up.
@@ -36,14 +33,43 @@ ACTIVATION_COPIES = 6
 _MIB = 2**20
 
 
-def min_ps_memory_mb(model: ModelSpec, ps_count: int) -> int:
+class ModelShape(Protocol):
+    """What the floors read of a model; :class:`~dlrover_kfp.core.spec.ModelSpec` is one.
+
+    A protocol, not the spec's class: the spec's own validator calls these floors (a quota must
+    hold one worker and one PS), so the spec depends on this module and this module must not
+    depend back on the spec.
+    """
+
+    @property
+    def table_sizes(self) -> tuple[int, ...]: ...
+    @property
+    def embedding_rows(self) -> int: ...
+    @property
+    def embedding_dim(self) -> int: ...
+    @property
+    def dense_features(self) -> int: ...
+    @property
+    def bottom_mlp(self) -> tuple[int, ...]: ...
+    @property
+    def top_mlp(self) -> tuple[int, ...]: ...
+
+
+class BatchShape(Protocol):
+    """What the worker's floor reads of the training settings (a ``TrainingSpec``)."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+
+def min_ps_memory_mb(model: ModelShape, ps_count: int) -> int:
     """Smallest per-PS memory: its share of the rows, their slots, and the snapshot buffer."""
     rows_per_ps = math.ceil(model.embedding_rows / max(1, ps_count))
     state = rows_per_ps * model.embedding_dim * 4 * (1 + OPTIMIZER_SLOTS) * SNAPSHOT_COPIES
     return RUNTIME_MB + math.ceil(state / _MIB)
 
 
-def min_worker_memory_mb(model: ModelSpec, training: TrainingSpec) -> int:
+def min_worker_memory_mb(model: ModelShape, training: BatchShape) -> int:
     """Smallest worker memory: runtime, dense parameters, and one batch's activations."""
     dims = [model.dense_features, *model.bottom_mlp]
     n_tables = len(model.table_sizes)

@@ -22,5 +22,11 @@ or is written.
 
 One module per step, and this package imports none of them: the plan and record steps run in
 pods of their own and should not pay for importing the trainer (torch), which only
-:mod:`~dlrover_kfp.steps.train` needs.
+:mod:`~dlrover_kfp.steps.train` needs. Beside the steps, :mod:`~dlrover_kfp.steps.documents`
+holds what an orchestrator passes between them (the plan from an XCom, the spec for a job
+master elsewhere) and :mod:`~dlrover_kfp.steps.report` the run's HTML report.
+
+This package and the package's public API (``dlrover_kfp.errors``, ``dlrover_kfp.files``,
+``dlrover_kfp.history``, the ``dlrover-kfp`` command) are all that ``components/`` and
+``airflow_plugin/`` may import: an import-linter contract in pyproject.toml says so.
 """

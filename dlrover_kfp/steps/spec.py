@@ -46,11 +46,20 @@ def load_job_spec(job_spec: str, *, source: str = "job_spec") -> LoadedSpec:
     if not text:
         raise UserInputError(f"{source}: empty; give a path to a job spec or the YAML itself")
     if "\n" not in text and not text.startswith("{"):
-        path = Path(text).expanduser()
-        spec = read_document(JobSpec, path)
-        return LoadedSpec(spec, path.resolve().parent, str(path))
+        return load_spec_file(Path(text).expanduser())
     spec = parse(JobSpec, load_text(job_spec, source), source)
     return LoadedSpec(spec, Path.cwd(), source)
+
+
+def load_spec_file(path: Path) -> LoadedSpec:
+    """A job spec file, its relative data paths relative to the file's directory.
+
+    The one rule for ``dlrover-kfp run --job`` and the steps: a spec and its data travel
+    together (a checkout, a pipeline's volume), while the directory a shell, a scheduler or a
+    pod starts in does not, so the working directory must not change what a spec names.
+    """
+    spec = read_document(JobSpec, path)
+    return LoadedSpec(spec, path.resolve().parent, str(path))
 
 
 def history_url_or_default(url: str | None, environ: Mapping[str, str] = os.environ) -> str:
@@ -79,5 +88,6 @@ __all__ = [
     "check_backend",
     "history_url_or_default",
     "load_job_spec",
+    "load_spec_file",
     "planner_for",
 ]

@@ -122,4 +122,11 @@ def train_step(
     return result
 
 
-__all__ = ["IMAGE_ENV", "in_cluster_options", "read_plan", "train_step"]
+__all__ = [
+    "DEFAULT_MOUNT_PATH",
+    "IMAGE_ENV",
+    "KubeOptions",
+    "in_cluster_options",
+    "read_plan",
+    "train_step",
+]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +16,6 @@ from dlrover_kfp.backends.k8s_objects import (
     dns_name,
     job_labels,
     label_value,
-    parse_cpu,
-    parse_memory,
-    parse_quantity,
     pod_status,
     redacted,
     render_pod,
@@ -27,7 +23,6 @@ from dlrover_kfp.backends.k8s_objects import (
     secret_keys,
 )
 from dlrover_kfp.cli.main import main as cli_main
-from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.training.wire import secret_to_env
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -222,35 +217,6 @@ def test_a_pod_gone_while_running_was_deleted_or_disrupted() -> None:
     done = obj("Succeeded", terminated={"exitCode": 0, "reason": "Completed"})
     st = pod_status(done, gone=True, deleted_by_us=True)
     assert (st.phase, st.reason) == (PodPhase.FAILED, "Deleted")
-
-
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("250m", Decimal("0.25")),
-        ("1", Decimal(1)),
-        ("1.5", Decimal("1.5")),
-        ("1234567n", Decimal("0.001234567")),
-        ("2Gi", Decimal(2 << 30)),
-        ("512Mi", Decimal(512 << 20)),
-        ("123456Ki", Decimal(123456 << 10)),
-        ("1G", Decimal(10**9)),
-        ("100M", Decimal(10**8)),
-        ("1k", Decimal(1000)),
-        ("1e3", Decimal(1000)),
-        ("5u", Decimal("0.000005")),
-    ],
-)
-def test_quantities(text: str, value: Decimal) -> None:
-    assert parse_quantity(text) == value
-
-
-def test_cpu_and_memory_units_and_bad_quantities() -> None:
-    assert parse_cpu("1500m") == 1.5
-    assert parse_memory("2Gi") == 2048.0
-    for bad in ("", "1.5.5", "12X", "Mi", "--1"):
-        with pytest.raises(UserInputError, match="not a Kubernetes quantity"):
-            parse_quantity(bad)
 
 
 def test_secret_keys_are_per_distinct_value_and_reveal_nothing() -> None:

@@ -693,3 +693,7 @@ class TestKubernetesBackendOnARealCluster(ClusterBackendContract):
     @pytest.fixture
     def shared_dir(self, tmp_path: Path) -> Path:
         pytest.skip("a real cluster's pods do not share a directory with this machine")
+
+    @pytest.fixture
+    def cpu_control(self) -> None:
+        return None  # the pods run on the cluster's nodes, not beside a control here

@@ -38,13 +38,13 @@ from typing import Protocol
 import pytest
 
 from dlrover_kfp.backends import LocalBackend
-from dlrover_kfp.backends.api import PodPhase, PodStatus
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.planner.settings import NodeLimits
 from dlrover_kfp.core.profile import JobEvent, JobProfile, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.ports import PodPhase, PodStatus
 from dlrover_kfp.runtime.elastic import ElasticRun
 from dlrover_kfp.runtime.job import RunResult, RunSettings
 from dlrover_kfp.training.data import open_dataset, split_ranges

@@ -1,9 +1,10 @@
-"""Test fakes that speak real wire protocols.
+"""Test fakes that speak real wire protocols, as small as what the product asks of them.
 
-:mod:`.kube_apiserver` is a Kubernetes API server (core/v1 pods, secrets, services, events,
-configmaps, nodes, namespaces, and the ``metrics.k8s.io`` PodMetrics API) on a local HTTP port,
-that the unmodified official ``kubernetes`` client and ``kubectl`` talk to; :mod:`.kubelet` is a
-kubelet (and scheduler) that runs the pods it is given as local processes through
+:mod:`.kube_apiserver` is a Kubernetes API server (pods, secrets, leases and the
+``metrics.k8s.io`` PodMetrics list: the calls of the Kubernetes backend, and what ``kubectl get``
+and ``describe`` read) on a local HTTP port, that the unmodified official ``kubernetes`` client
+and ``kubectl`` talk to, with the faults the tests inject; :mod:`.kubelet` is a kubelet (and
+scheduler) that runs the pods it is given as local processes through
 :class:`dlrover_kfp.backends.LocalBackend` and reports their status through the API.
 """
 

@@ -1,43 +1,43 @@
-"""A fake Kubernetes API server that speaks the real wire protocol, for tests.
+"""A fake Kubernetes API server, as small as what the product asks of one, for tests.
 
-``FakeApiServer`` serves core/v1 (namespaces, pods with their ``status``, ``binding``,
-``eviction`` and ``log`` subresources, secrets, configmaps, services, events, nodes),
-``coordination.k8s.io/v1`` leases (MicroTime decoding, no unconditional update) and the
-``metrics.k8s.io/v1beta1`` PodMetrics API over plain HTTP on ``127.0.0.1``, so that the unmodified
-official ``kubernetes`` Python client and ``kubectl`` work against it::
+The Kubernetes backend (``dlrover_kfp/backends/kubernetes.py``) talks to it through the
+unmodified official client, the fake kubelet (:mod:`.kubelet`) runs its pods, and ``kubectl get
+pods`` / ``kubectl describe pod`` read them. It serves exactly what those make, on ``127.0.0.1``:
 
-    with FakeApiServer() as api:
-        api.write_kubeconfig(tmp_path / "kubeconfig")
-        client = kubernetes.config.new_client_from_config(str(tmp_path / "kubeconfig"))
-        ...
+* ``pods``: create, get, list and watch (by label selector, in a namespace or all of them),
+  delete (grace period, uid and resourceVersion preconditions); ``pods/status`` get, update and
+  patch (strategic merge) and ``pods/binding`` create: what the kubelet writes;
+* ``secrets``: create, get, update, delete;
+* ``coordination.k8s.io/v1`` ``leases``: create, get, update, delete;
+* ``metrics.k8s.io/v1beta1`` pods: list by label selector (absent while ``serve_metrics`` is
+  False, as on a cluster without metrics-server);
+* ``/version``, discovery, and server-side ``Table`` output of pods for kubectl.
 
-What it implements, as the real server does: ``metadata.uid``/``resourceVersion`` (one global
-counter bumped by every write)/``creationTimestamp``/``generation``/``generateName``; defaulting
-(pod ``restartPolicy``, ``terminationGracePeriodSeconds``, requests from limits, ``qosClass``,
-the default not-ready/unreachable tolerations; a service's ``clusterIP``; a secret's
-``stringData`` folded into ``data``); canonical quantities (``"0.5"`` reads back ``"500m"``);
-validation (422 ``Invalid`` with causes); pod spec immutability; optimistic concurrency (409
-``Conflict``); label and field selectors; chunked lists (``limit``/``continue``); watches
+What it does as the real server does, for those: ``metadata.uid``/``resourceVersion`` (one
+global counter bumped by every write)/``creationTimestamp``; the defaults the backend's objects
+meet (pod ``restartPolicy``, ``terminationGracePeriodSeconds``, requests from limits,
+``qosClass``; a secret's ``stringData`` folded into ``data``); canonical quantities (``"0.5"``
+reads back ``"500m"``); validation of names, labels, containers and leases (422 ``Invalid`` with
+causes; a quantity or a Lease field that does not decode is 400); optimistic concurrency (409
+``Conflict``, and no Lease update without a ``resourceVersion``); 409 ``AlreadyExists``; watches
 (chunked HTTP, ``ADDED``/``MODIFIED``/``DELETED``/``BOOKMARK``/``ERROR``, resume from a
-resourceVersion, 410 ``Expired`` once the history is compacted, selector-aware ADDED/DELETED
-when an object starts or stops matching); graceful pod deletion when a kubelet is attached;
-finalizers; owner-reference garbage collection (Background, Foreground, Orphan); JSON merge,
-strategic merge (by the well-known merge keys) and JSON patches; server-side ``Table`` output
-for kubectl; discovery; bearer-token authentication; RBAC-like restrictions.
+resourceVersion, 410 ``Expired`` once the history is compacted, ``timeoutSeconds``); graceful
+deletion of a pod bound to a node while a kubelet is attached; owner-reference garbage
+collection (background propagation).
 
-Test controls: fault injection (:meth:`FakeApiServer.fail`, :meth:`~FakeApiServer.storm`,
-:meth:`~FakeApiServer.throttle`, :meth:`~FakeApiServer.slow`,
-:meth:`~FakeApiServer.reset_connections`), watch expiry (:meth:`~FakeApiServer.compact`,
-:meth:`~FakeApiServer.expire_watches`), authorization (:meth:`~FakeApiServer.forbid`,
-:meth:`~FakeApiServer.restrict`) and an audit log (:attr:`~FakeApiServer.calls`). Requests that
-carry the header ``X-Fake-Kubelet`` (the fake kubelet's) are exempt from authorization and,
-while ``faults_exempt_kubelet`` is True (the default), from faults; the audit log marks them
-``from_kubelet``.
+Test controls, the faults the tests inject: :meth:`FakeApiServer.fail` (the next requests of a
+verb on a resource), :meth:`~FakeApiServer.storm` (every request, for a while),
+:meth:`~FakeApiServer.throttle` (429 with ``Retry-After``), :meth:`~FakeApiServer.forbid` (403),
+:meth:`~FakeApiServer.compact` and :meth:`~FakeApiServer.expire_watches` (410), and
+``serve_metrics``; an audit log (:attr:`~FakeApiServer.calls`, :meth:`~FakeApiServer.rbac_verbs`)
+checks the backend's Role. Requests with the header ``X-Fake-Kubelet`` (the fake kubelet's) skip
+faults and authorization and are marked ``from_kubelet`` in the audit log.
 
-Deliberate simplifications: no protobuf (JSON only; a request that accepts only protobuf gets
-406), no server-side apply (415), no OpenAPI documents (404), no managedFields, no admission
-beyond the defaults above, no ``dryRun`` for deletes, and a ``continue`` token resumes from the
-*current* state after the last key it returned rather than from a snapshot.
+Everything else is refused with the status a real server gives what it does not serve (404,
+405, 400 for a field selector or a set-based label selector, 415 for other patch types), so that
+a call the product starts making fails here loudly instead of meeting a half-built imitation.
+Also not done: namespaces are a fixed set (:data:`NAMESPACES`), not objects; no authentication;
+JSON only; lists are not paginated (a ``limit`` smaller than the list is 400).
 """
 
 from __future__ import annotations
@@ -48,9 +48,7 @@ import copy
 import json
 import math
 import os
-import platform
 import queue
-import random
 import re
 import socket
 import sys
@@ -58,7 +56,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -84,9 +82,12 @@ SERVER_VERSION = {
     "platform": "linux/amd64",
 }
 DEFAULT_NODE = "fake-node-0"
+#: The namespaces that exist; a request for another one is 404, as for a missing namespace.
+NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
 METRICS_GROUP = "metrics.k8s.io"
 METRICS_VERSION = "v1beta1"
 COORDINATION_GROUP = "coordination.k8s.io"
+USER = "system:serviceaccount:default:default"
 _TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 # --------------------------------------------------------------------------------------------
@@ -99,37 +100,17 @@ def rfc3339(t: float | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def parse_rfc3339(text: str) -> float:
-    text = text.replace("Z", "+00:00")
-    return datetime.fromisoformat(text).timestamp()
-
-
 def human_duration(seconds: float) -> str:
-    """kubectl's short age format: ``5s``, ``2m3s``, ``15m``, ``3h4m``, ``2d``..."""
-    if seconds < -1:
-        return "<invalid>"
+    """kubectl's age column in its first unit (``42s``, ``7m``, ``5h``, ``3d``). kubectl adds
+    a second unit in some ranges (``2m3s``); no test reads an age."""
     s = max(0, int(seconds))
     if s < 120:
         return f"{s}s"
-    minutes = s // 60
-    if minutes < 10:
-        return f"{minutes}m{s % 60}s" if s % 60 else f"{minutes}m"
-    if minutes < 180:
-        return f"{minutes}m"
-    hours = minutes // 60
-    if hours < 8:
-        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
-    if hours < 48:
-        return f"{hours}h"
-    if hours < 24 * 8:
-        return f"{hours // 24}d{hours % 24}h" if hours % 24 else f"{hours // 24}d"
-    if hours < 24 * 365 * 2:
-        return f"{hours // 24}d"
-    years = hours // (24 * 365)
-    if years < 8:
-        days = (hours // 24) % 365
-        return f"{years}y{days}d" if days else f"{years}y"
-    return f"{years}y"
+    if s < 180 * 60:
+        return f"{s // 60}m"
+    if s < 48 * 3600:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,7 +130,10 @@ _DECIMAL_SUFFIX = {v: k for k, v in _DECIMAL_EXP.items()}
 
 def parse_quantity(value: str | int | float) -> Fraction:
     """A Kubernetes quantity (``"500m"``, ``"0.25"``, ``"2Gi"``, ``"1e3"``) as an exact
-    fraction of its base unit. ValueError for anything the real server would refuse."""
+    fraction of its base unit. ValueError for anything the real server would refuse.
+
+    The fake's own parser, not the product's: a fake that judged the product's quantities with
+    the product's parser would agree with any bug in it."""
     if isinstance(value, bool):
         raise ValueError(QUANTITY_ERROR)
     if isinstance(value, int | float):
@@ -251,7 +235,7 @@ def is_dns1123_subdomain(name: str) -> bool:
 
 
 def label_key_error(key: str) -> str | None:
-    """Why ``key`` is not a valid label (or annotation) key, or None."""
+    """Why ``key`` is not a valid label key, or None."""
     prefix, _, name = key.rpartition("/")
     if "/" in key and not prefix:
         return "prefix part must be non-empty"
@@ -275,310 +259,104 @@ def label_value_error(value: str) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Selectors
+# Label selectors
 
 
 class SelectorError(ValueError):
-    """A label or field selector that does not parse (400 BadRequest)."""
+    """A selector that does not parse, or one the fake does not serve (400 BadRequest)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Requirement:
-    """One term of a label selector: ``op`` is =, !=, in, notin, exists or !exists."""
+    """One term of an equality-based label selector: ``op`` is ``=`` or ``!=``."""
 
     key: str
     op: str
-    values: tuple[str, ...] = ()
+    value: str
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        present = self.key in labels
-        value = labels.get(self.key)
-        if self.op in ("=", "in"):
-            return present and value in self.values
-        if self.op in ("!=", "notin"):
-            return not present or value not in self.values
-        if self.op == "exists":
-            return present
-        return not present  # !exists
+        # != matches an object without the label, as on the real server
+        return (labels.get(self.key) == self.value) is (self.op == "=")
 
 
-_KEY = r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9][-A-Za-z0-9_.]*"
-_VALUE = r"[-A-Za-z0-9_.]*"
-_SET_TERM = re.compile(rf"({_KEY})\s+(in|notin)\s*\(([^()]*)\)")
-_EQ_TERM = re.compile(rf"({_KEY})\s*(==|=|!=)\s*({_VALUE})")
-_EXISTS_TERM = re.compile(rf"(!?)\s*({_KEY})")
-
-
-def _split_outside_parens(text: str) -> list[str]:
-    terms, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            terms.append(text[start:i])
-            start = i + 1
-    terms.append(text[start:])
-    return terms
+_EQ_TERM = re.compile(r"\s*([^=!\s]+)\s*(==|=|!=)\s*([^,\s]*)\s*")
 
 
 def parse_label_selector(text: str) -> list[Requirement]:
-    """``a=b,c!=d,e in (x,y),f notin (z),g,!h`` into requirements (all must match)."""
+    """``a=b,c!=d`` (``==`` reads as ``=``) into requirements that must all match: what the
+    backend (``job=...``) and ``kubectl -l`` send. Set-based terms (``in``, ``notin``, ``key``,
+    ``!key``) are not served: SelectorError, as for a malformed selector."""
     if not text.strip():
         return []
     reqs = []
-    for raw in _split_outside_parens(text):
-        term = raw.strip()
-        if m := _SET_TERM.fullmatch(term):
-            values = tuple(v.strip() for v in m.group(3).split(",") if v.strip())
-            reqs.append(Requirement(m.group(1), m.group(2), values))
-        elif m := _EQ_TERM.fullmatch(term):
-            op = "=" if m.group(2) in ("=", "==") else "!="
-            reqs.append(Requirement(m.group(1), op, (m.group(3),)))
-        elif m := _EXISTS_TERM.fullmatch(term):
-            reqs.append(Requirement(m.group(2), "!exists" if m.group(1) else "exists"))
-        else:
-            raise SelectorError(f"unable to parse requirement: found '{term}', expected: selector")
-    for req in reqs:
-        if (why := label_key_error(req.key)) is not None:
-            raise SelectorError(f'unable to parse requirement: Invalid value: "{req.key}": {why}')
-        for value in req.values:
-            if (why := label_value_error(value)) is not None:
-                raise SelectorError(f'unable to parse requirement: Invalid value: "{value}": {why}')
+    for term in text.split(","):
+        m = _EQ_TERM.fullmatch(term)
+        if m is None:
+            raise SelectorError(
+                f"unable to parse requirement: found '{term.strip()}', expected: key=value or"
+                " key!=value (the fake serves no set-based selectors)"
+            )
+        key, op, value = m.groups()
+        for shown, why in ((key, label_key_error(key)), (value, label_value_error(value))):
+            if why is not None:
+                raise SelectorError(f'unable to parse requirement: Invalid value: "{shown}": {why}')
+        reqs.append(Requirement(key, "!=" if op == "!=" else "=", value))
     return reqs
 
 
-def labels_match(reqs: Iterable[Requirement], labels: Mapping[str, str] | None) -> bool:
+def labels_match(reqs: list[Requirement], labels: Mapping[str, str] | None) -> bool:
     labels = labels or {}
     return all(r.matches(labels) for r in reqs)
 
 
-def _split_unescaped(text: str, sep: str) -> list[str]:
-    parts, cur, i = [], [], 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
-            cur.append(text[i : i + 2])
-            i += 2
-            continue
-        if ch == sep:
-            parts.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-        i += 1
-    parts.append("".join(cur))
-    return parts
-
-
-def parse_field_selector(text: str) -> list[tuple[str, str, str]]:
-    """``metadata.name=x,status.phase!=Running`` into (field, op, value) triples."""
-    if not text.strip():
-        return []
-    terms = []
-    for raw in _split_unescaped(text, ","):
-        term = raw.strip()
-        m = re.fullmatch(r"([^=!]+?)\s*(==|!=|=)\s*(.*)", term)
-        if m is None:
-            raise SelectorError(f"invalid selector: '{text}'; can't understand '{term}'")
-        value = re.sub(r"\\(.)", r"\1", m.group(3))
-        terms.append((m.group(1), "!=" if m.group(2) == "!=" else "=", value))
-    return terms
-
-
 # --------------------------------------------------------------------------------------------
-# Patches
+# Strategic merge patch (of pods/status, the one patch served)
 
-# The patchMergeKey of the lists a strategic merge patch merges element-wise (any path).
-_MERGE_KEYS: dict[str, tuple[str, ...]] = {
-    "containers": ("name",),
-    "initContainers": ("name",),
-    "ephemeralContainers": ("name",),
-    "env": ("name",),
-    "volumes": ("name",),
-    "volumeMounts": ("mountPath",),
-    "imagePullSecrets": ("name",),
-    "conditions": ("type",),
-    "ownerReferences": ("uid",),
-    "ports": ("containerPort", "port"),
-    "podIPs": ("ip",),
-    "hostIPs": ("ip",),
-    "addresses": ("type",),
-    "hostAliases": ("ip",),
-}
-_MERGE_PRIMITIVES = frozenset({"finalizers"})
-
-
-def json_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: maps merge recursively, ``null`` deletes, everything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = json_merge_patch(result.get(key), value)
-    return result
-
-
-def _merge_key(element: Json, candidates: tuple[str, ...]) -> tuple[str, Any] | None:
-    for key in candidates:
-        if key in element:
-            return key, element[key]
-    return None
-
-
-def _merge_list(current: list[Any], patch: list[Any], candidates: tuple[str, ...]) -> list[Any]:
-    if any(isinstance(e, dict) and e.get("$patch") == "replace" for e in patch):
-        return [copy.deepcopy(e) for e in patch if not (isinstance(e, dict) and "$patch" in e)]
-    result = copy.deepcopy(current)
-    for element in patch:
-        if not isinstance(element, dict):
-            result.append(copy.deepcopy(element))
-            continue
-        key = _merge_key(element, candidates)
-        index = next(
-            (
-                i
-                for i, e in enumerate(result)
-                if key is not None and isinstance(e, dict) and e.get(key[0]) == key[1]
-            ),
-            None,
-        )
-        if element.get("$patch") == "delete":
-            if index is not None:
-                del result[index]
-        elif index is None:
-            result.append(strategic_merge_patch({}, element))
-        else:
-            result[index] = strategic_merge_patch(result[index], element)
-    return result
+#: The lists a strategic merge patch merges element by element, by their ``patchMergeKey``. In a
+#: pod's status only ``conditions`` has one; ``containerStatuses`` is replaced whole.
+_MERGE_KEYS = {"conditions": "type"}
 
 
 def strategic_merge_patch(target: Any, patch: Any) -> Any:
-    """A strategic merge patch, with the well-known list merge keys applied by field name
-    (``containers`` by ``name``, ``conditions`` by ``type``...) and the ``$patch``,
-    ``$deleteFromPrimitiveList`` directives; other lists are replaced as in a merge patch."""
+    """Maps merge recursively, ``null`` deletes, lists with a merge key (:data:`_MERGE_KEYS`)
+    merge by it, anything else replaces. Directives (``$patch``...) are not served: 400."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
-    if patch.get("$patch") == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
     result = copy.deepcopy(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
-        if key in ("$patch", "$retainKeys") or key.startswith("$setElementOrder/"):
-            continue
-        if key.startswith("$deleteFromPrimitiveList/"):
-            name = key.split("/", 1)[1]
-            result[name] = [x for x in result.get(name) or [] if x not in value]
-            continue
-        current = result.get(key)
-        if value is None or (isinstance(value, dict) and value.get("$patch") == "delete"):
+        if key.startswith("$"):
+            raise ApiError(
+                400, "BadRequest", f"the fake API server serves no patch directive {key}"
+            )
+        if value is None:
             result.pop(key, None)
         elif isinstance(value, dict):
-            result[key] = strategic_merge_patch(current, value)
-        elif isinstance(value, list) and key in _MERGE_PRIMITIVES:
-            current = list(current or [])
-            result[key] = current + [x for x in value if x not in current]
+            result[key] = strategic_merge_patch(result.get(key), value)
         elif isinstance(value, list) and key in _MERGE_KEYS:
-            result[key] = _merge_list(list(current or []), value, _MERGE_KEYS[key])
+            result[key] = _merge_list(list(result.get(key) or []), value, _MERGE_KEYS[key])
         else:
             result[key] = copy.deepcopy(value)
     return result
 
 
-class PatchError(ValueError):
-    """A JSON patch that cannot be applied (422 for a failed ``test``, else 400...)."""
-
-
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise PatchError(f"invalid JSON pointer {path!r}")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def _resolve(doc: Any, tokens: list[str]) -> Any:
-    for token in tokens:
-        if isinstance(doc, dict):
-            if token not in doc:
-                raise PatchError(f"path not found: {token}")
-            doc = doc[token]
-        elif isinstance(doc, list):
-            try:
-                doc = doc[int(token)]
-            except (ValueError, IndexError) as e:
-                raise PatchError(f"invalid index {token}") from e
+def _merge_list(current: list[Any], patch: list[Any], key: str) -> list[Any]:
+    result = copy.deepcopy(current)
+    for element in patch:
+        index = next(
+            (
+                i
+                for i, e in enumerate(result)
+                if isinstance(e, dict)
+                and isinstance(element, dict)
+                and e.get(key) == element.get(key)
+            ),
+            None,
+        )
+        if index is None:
+            result.append(copy.deepcopy(element))
         else:
-            raise PatchError(f"cannot descend into {token}")
-    return doc
-
-
-def json_patch(doc: Any, ops: list[Json]) -> Any:
-    """RFC 6902 (add, remove, replace, move, copy, test)."""
-    doc = copy.deepcopy(doc)
-
-    def add(tokens: list[str], value: Any) -> None:
-        nonlocal doc
-        if not tokens:
-            doc = value
-            return
-        parent = _resolve(doc, tokens[:-1])
-        last = tokens[-1]
-        if isinstance(parent, dict):
-            parent[last] = value
-        elif isinstance(parent, list):
-            if last == "-":
-                parent.append(value)
-            else:
-                index = int(last)
-                if not 0 <= index <= len(parent):
-                    raise PatchError(f"index {index} out of range")
-                parent.insert(index, value)
-        else:
-            raise PatchError("cannot add to a scalar")
-
-    def remove(tokens: list[str]) -> Any:
-        if not tokens:
-            raise PatchError("cannot remove the root")
-        parent = _resolve(doc, tokens[:-1])
-        last = tokens[-1]
-        try:
-            if isinstance(parent, dict):
-                return parent.pop(last)
-            if isinstance(parent, list):
-                return parent.pop(int(last))
-        except (KeyError, ValueError, IndexError) as e:
-            raise PatchError(f"unable to remove nonexistent key: {last}") from e
-        raise PatchError("cannot remove from a scalar")
-
-    for op in ops:
-        if not isinstance(op, dict) or "op" not in op or "path" not in op:
-            raise PatchError(f"invalid operation {op!r}")
-        kind, tokens = op["op"], _pointer(op["path"])
-        if kind == "add":
-            add(tokens, copy.deepcopy(op.get("value")))
-        elif kind == "remove":
-            remove(tokens)
-        elif kind == "replace":
-            _resolve(doc, tokens)  # must exist
-            if tokens:
-                remove(tokens)
-            add(tokens, copy.deepcopy(op.get("value")))
-        elif kind in ("move", "copy"):
-            source = _pointer(op.get("from", ""))
-            value = copy.deepcopy(_resolve(doc, source))
-            if kind == "move":
-                remove(source)
-            add(tokens, value)
-        elif kind == "test":
-            if _resolve(doc, tokens) != op.get("value"):
-                raise PatchError(f"testing value {op['path']} failed")
-        else:
-            raise PatchError(f"unknown operation {kind!r}")
-    return doc
+            result[index] = strategic_merge_patch(result[index], element)
+    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -618,11 +396,9 @@ class ApiError(Exception):
 
 REASONS = {
     400: "BadRequest",
-    401: "Unauthorized",
     403: "Forbidden",
     404: "NotFound",
     405: "MethodNotAllowed",
-    406: "NotAcceptable",
     409: "Conflict",
     410: "Expired",
     415: "UnsupportedMediaType",
@@ -632,10 +408,11 @@ REASONS = {
     503: "ServiceUnavailable",
     504: "Timeout",
 }
+NOT_FOUND = "the server could not find the requested resource"
 
 
-def status_error(code: int, message: str | None = None, **details: Any) -> ApiError:
-    """A generic error of ``code`` with the reason the real server gives it."""
+def status_error(code: int, message: str | None = None) -> ApiError:
+    """A generic error of ``code`` with the reason and message the real server gives it."""
     reason = REASONS.get(code, "Unknown")
     if message is None:
         message = {
@@ -645,13 +422,23 @@ def status_error(code: int, message: str | None = None, **details: Any) -> ApiEr
             504: "the server was unable to return a response in the time allotted",
             410: "The resourceVersion for the provided watch is too old.",
         }.get(code, f"injected {reason}")
-    return ApiError(code, reason, message, details or None)
+    return ApiError(code, reason, message)
+
+
+def not_served(what: str) -> ApiError:
+    """405 for a verb the fake does not serve on a resource it serves."""
+    return ApiError(
+        405,
+        "MethodNotAllowed",
+        f"the server does not allow this method on the requested resource ({what}: not served"
+        " by the fake API server)",
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class Cause:
     field: str
-    reason: str  # FieldValueRequired, FieldValueInvalid, FieldValueForbidden, ...
+    reason: str  # FieldValueRequired, FieldValueInvalid, ...
     message: str
 
     @staticmethod
@@ -668,17 +455,13 @@ class Cause:
         return Cause(path, "FieldValueDuplicate", f"Duplicate value: {json.dumps(value)}")
 
     @staticmethod
-    def unsupported(path: str, value: Any, allowed: Iterable[str]) -> Cause:
+    def unsupported(path: str, value: Any, allowed: tuple[str, ...]) -> Cause:
         options = ", ".join(json.dumps(a) for a in allowed)
         return Cause(
             path,
             "FieldValueNotSupported",
             f"Unsupported value: {json.dumps(value)}: supported values: {options}",
         )
-
-    @staticmethod
-    def forbidden(path: str, why: str) -> Cause:
-        return Cause(path, "FieldValueForbidden", f"Forbidden: {why}")
 
 
 def invalid(kind: str, name: str, causes: list[Cause], group: str = "") -> ApiError:
@@ -700,31 +483,19 @@ def invalid(kind: str, name: str, causes: list[Cause], group: str = "") -> ApiEr
 
 @dataclass(frozen=True, slots=True)
 class Resource:
+    """A namespaced resource and the verbs served on it (discovery lists them; any other verb
+    is 405)."""
+
     name: str  # plural, as in the URL
     singular: str
     kind: str
-    namespaced: bool
+    verbs: tuple[str, ...]
     short_names: tuple[str, ...] = ()
-    verbs: tuple[str, ...] = (
-        "create",
-        "delete",
-        "deletecollection",
-        "get",
-        "list",
-        "patch",
-        "update",
-        "watch",
-    )
+    #: subresource -> (kind, verbs)
     subresources: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
-    has_status: bool = False
-    categories: tuple[str, ...] = ()
     #: the API group ("" for core/v1, served under /api) and version
     group: str = ""
     version: str = "v1"
-
-    @property
-    def list_kind(self) -> str:
-        return self.kind + "List"
 
     @property
     def qualified(self) -> str:
@@ -743,8 +514,10 @@ class Resource:
         """``v1`` or ``coordination.k8s.io/v1``: what objects of it carry as ``apiVersion``."""
         return f"{self.group}/{self.version}" if self.group else self.version
 
+    def verbs_of(self, subresource: str) -> tuple[str, ...]:
+        return self.subresources[subresource][1] if subresource else self.verbs
 
-_STATUS_SUB = ("", ("get", "patch", "update"))
+
 RESOURCES: dict[str, Resource] = {
     r.name: r
     for r in (
@@ -752,55 +525,23 @@ RESOURCES: dict[str, Resource] = {
             "pods",
             "pod",
             "Pod",
-            True,
+            ("create", "delete", "get", "list", "watch"),
             ("po",),
             subresources={
                 "status": ("Pod", ("get", "patch", "update")),
                 "binding": ("Binding", ("create",)),
-                "eviction": ("Eviction", ("create",)),
-                "log": ("Pod", ("get",)),
             },
-            has_status=True,
-            categories=("all",),
         ),
-        Resource("secrets", "secret", "Secret", True),
-        Resource("configmaps", "configmap", "ConfigMap", True, ("cm",)),
+        # the backend writes the job's Secret; the kubelet reads it for secretKeyRefs
+        Resource("secrets", "secret", "Secret", ("create", "delete", "get", "update")),
+        # one master per job (the backend's Lease): no status, no subresources
         Resource(
-            "services",
-            "service",
-            "Service",
-            True,
-            ("svc",),
-            subresources={"status": ("Service", ("get", "patch", "update"))},
-            has_status=True,
-            categories=("all",),
+            "leases",
+            "lease",
+            "Lease",
+            ("create", "delete", "get", "update"),
+            group=COORDINATION_GROUP,
         ),
-        Resource("events", "event", "Event", True, ("ev",)),
-        Resource(
-            "nodes",
-            "node",
-            "Node",
-            False,
-            ("no",),
-            subresources={"status": ("Node", ("get", "patch", "update"))},
-            has_status=True,
-        ),
-        Resource(
-            "namespaces",
-            "namespace",
-            "Namespace",
-            False,
-            ("ns",),
-            verbs=("create", "delete", "get", "list", "patch", "update", "watch"),
-            subresources={
-                "status": ("Namespace", ("get", "patch", "update")),
-                "finalize": ("Namespace", ("update",)),
-            },
-            has_status=True,
-        ),
-        # What leader election uses (client-go's leaderelection, the Kubernetes backend's one
-        # master per job): no status, no subresources.
-        Resource("leases", "lease", "Lease", True, group=COORDINATION_GROUP),
     )
 }
 
@@ -821,22 +562,19 @@ def _api_resource_list(group: str = "") -> Json:
         entry: Json = {
             "name": res.name,
             "singularName": res.singular,
-            "namespaced": res.namespaced,
+            "namespaced": True,
             "kind": res.kind,
             "verbs": list(res.verbs),
         }
         if res.short_names:
             entry["shortNames"] = list(res.short_names)
-        if res.categories:
-            entry["categories"] = list(res.categories)
-        entry["storageVersionHash"] = base64.b64encode(res.name.encode()).decode()[:11]
         resources.append(entry)
         for sub, (kind, verbs) in res.subresources.items():
             resources.append(
                 {
                     "name": f"{res.name}/{sub}",
                     "singularName": "",
-                    "namespaced": res.namespaced,
+                    "namespaced": True,
                     "kind": kind,
                     "verbs": list(verbs),
                 }
@@ -855,88 +593,69 @@ def _metrics_resource_list() -> Json:
         "groupVersion": f"{METRICS_GROUP}/{METRICS_VERSION}",
         "resources": [
             {
-                "name": "nodes",
-                "singularName": "",
-                "namespaced": False,
-                "kind": "NodeMetrics",
-                "verbs": ["get", "list"],
-            },
-            {
                 "name": "pods",
                 "singularName": "",
                 "namespaced": True,
                 "kind": "PodMetrics",
-                "verbs": ["get", "list"],
+                "verbs": ["list"],
             },
         ],
     }
 
 
+def _api_group(name: str, version: str) -> Json:
+    gv = {"groupVersion": f"{name}/{version}", "version": version}
+    return {"name": name, "versions": [gv], "preferredVersion": gv}
+
+
 # --------------------------------------------------------------------------------------------
-# Defaulting and validation
+# Decoding, defaulting and validation
 
 
-def _labels_causes(meta: Json, path: str = "metadata") -> list[Cause]:
-    causes: list[Cause] = []
+def _labels_causes(meta: Json) -> list[Cause]:
     labels = meta.get("labels")
     if labels is not None and not isinstance(labels, dict):
-        return [Cause.invalid(f"{path}.labels", str(labels), "must be a map")]
+        return [Cause.invalid("metadata.labels", str(labels), "must be a map")]
+    causes: list[Cause] = []
     for key, value in (labels or {}).items():
         if (why := label_key_error(key)) is not None:
-            causes.append(Cause.invalid(f"{path}.labels", key, why))
+            causes.append(Cause.invalid("metadata.labels", key, why))
         if not isinstance(value, str):
-            causes.append(Cause.invalid(f"{path}.labels", str(value), "must be a string"))
+            causes.append(Cause.invalid("metadata.labels", str(value), "must be a string"))
         elif (why := label_value_error(value)) is not None:
-            causes.append(Cause.invalid(f"{path}.labels", value, why))
-    for key, value in (meta.get("annotations") or {}).items():
-        if (why := label_key_error(key.lower())) is not None:
-            causes.append(Cause.invalid(f"{path}.annotations", key, why))
-        if not isinstance(value, str):
-            causes.append(Cause.invalid(f"{path}.annotations", str(value), "must be a string"))
+            causes.append(Cause.invalid("metadata.labels", value, why))
     return causes
 
 
-def _name_causes(res: Resource, meta: Json) -> list[Cause]:
+def _name_causes(meta: Json) -> list[Cause]:
     name = meta.get("name")
     if not name:
-        return [_name_required()]
-    if res.name in ("namespaces",):
-        if not is_dns1123_label(name):
-            return [Cause.invalid("metadata.name", name, DNS1123_LABEL_MSG)]
-    elif res.name != "events" and not is_dns1123_subdomain(name):
+        return [Cause("metadata.name", "FieldValueRequired", "Required value: name is required")]
+    if not is_dns1123_subdomain(name):
         return [Cause.invalid("metadata.name", name, DNS1123_SUBDOMAIN_MSG)]
     return []
-
-
-def _name_required() -> Cause:
-    return Cause(
-        "metadata.name", "FieldValueRequired", "Required value: name or generateName is required"
-    )
 
 
 def _decode_quantities(obj: Json) -> None:
     """Canonicalize every container's resource quantities in place; a quantity that does not
     parse fails the whole request with 400, as it fails JSON decoding on the real server."""
-    spec = obj.get("spec") or {}
-    for key in ("containers", "initContainers"):
-        for container in spec.get(key) or []:
-            if not isinstance(container, dict):
+    for container in (obj.get("spec") or {}).get("containers") or []:
+        if not isinstance(container, dict):
+            continue
+        resources = container.get("resources") or {}
+        for kind in ("limits", "requests"):
+            values = resources.get(kind)
+            if not isinstance(values, dict):
                 continue
-            resources = container.get("resources") or {}
-            for kind in ("limits", "requests"):
-                values = resources.get(kind)
-                if not isinstance(values, dict):
-                    continue
-                for name, value in list(values.items()):
-                    try:
-                        values[name] = canonical_quantity(value)
-                    except (ValueError, TypeError, ZeroDivisionError) as e:
-                        raise ApiError(
-                            400,
-                            "BadRequest",
-                            f'{obj.get("kind", "Pod")} in version "v1" cannot be handled as a'
-                            f" {obj.get('kind', 'Pod')}: {QUANTITY_ERROR}",
-                        ) from e
+            for name, value in list(values.items()):
+                try:
+                    values[name] = canonical_quantity(value)
+                except (ValueError, TypeError, ZeroDivisionError) as e:
+                    raise ApiError(
+                        400,
+                        "BadRequest",
+                        f'Pod in version "v1" cannot be handled as a Pod: {QUANTITY_ERROR}',
+                    ) from e
 
 
 #: metav1.MicroTime's wire format (Go's ``RFC3339Micro``): exactly six fraction digits.
@@ -976,6 +695,25 @@ def micro_time(text: str) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _lease_field_error(name: str, kind: str, value: Any, spec: Json) -> str | None:
+    """Go's decoding error for one LeaseSpec field (a MicroTime is re-encoded in ``spec``)."""
+    where = f"Go struct field LeaseSpec.spec.{name} of type"
+    if kind == "string" and not isinstance(value, str):
+        return f"json: cannot unmarshal {_go_type_name(value)} into {where} string"
+    if kind == "int32" and (
+        isinstance(value, bool) or not isinstance(value, int) or not -(2**31) <= value < 2**31
+    ):
+        return f"json: cannot unmarshal {_go_type_name(value)} into {where} int32"
+    if kind == "MicroTime":
+        if not isinstance(value, str):
+            return f"json: cannot unmarshal {_go_type_name(value)} into Go value of type string"
+        try:
+            spec[name] = micro_time(value)
+        except ValueError as e:
+            return str(e)
+    return None
+
+
 def _decode_lease(lease: Json) -> None:
     """Decode a Lease's spec in place as the API server's JSON decoder does: a field of the
     wrong JSON type, an int32 out of range or a MicroTime not in ``RFC3339Micro`` fails the
@@ -992,33 +730,11 @@ def _decode_lease(lease: Json) -> None:
             if value is None:
                 spec.pop(name, None)  # null is the zero value: omitted, as Go's omitempty
                 continue
-            where = f"Go struct field LeaseSpec.spec.{name} of type"
-            if kind == "string" and not isinstance(value, str):
-                error = f"json: cannot unmarshal {_go_type_name(value)} into {where} string"
-            elif kind == "int32" and (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or not -(2**31) <= value < 2**31
-            ):
-                error = f"json: cannot unmarshal {_go_type_name(value)} into {where} int32"
-            elif kind == "MicroTime":
-                if not isinstance(value, str):
-                    error = (
-                        f"json: cannot unmarshal {_go_type_name(value)} into Go value of type"
-                        " string"
-                    )
-                else:
-                    try:
-                        spec[name] = micro_time(value)
-                    except ValueError as e:
-                        error = str(e)
-            if error:
+            if (error := _lease_field_error(name, kind, value, spec)) is not None:
                 break
     if error:
         raise ApiError(
-            400,
-            "BadRequest",
-            f'Lease in version "v1" cannot be handled as a Lease: {error}',
+            400, "BadRequest", f'Lease in version "v1" cannot be handled as a Lease: {error}'
         )
 
 
@@ -1042,46 +758,20 @@ def _lease_causes(lease: Json) -> list[Cause]:
 
 
 def _default_pod(pod: Json) -> None:
+    """The defaults a pod's reading depends on: its restart policy, its grace period (what a
+    delete without one waits), and requests from limits (its QoS class)."""
     spec = pod.setdefault("spec", {})
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", 30)
-    spec.setdefault("dnsPolicy", "ClusterFirst")
-    spec.setdefault("schedulerName", "default-scheduler")
-    spec.setdefault("securityContext", {})
-    spec.setdefault("enableServiceLinks", True)
-    spec.setdefault("priority", 0)
-    spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
-    for key in ("containers", "initContainers"):
-        for container in spec.get(key) or []:
-            if not isinstance(container, dict):
-                continue
-            image = container.get("image") or ""
-            tag = image.rsplit("/", 1)[-1]
-            latest = "@" not in tag and (":" not in tag or tag.endswith(":latest"))
-            container.setdefault("imagePullPolicy", "Always" if latest else "IfNotPresent")
-            container.setdefault("terminationMessagePath", "/dev/termination-log")
-            container.setdefault("terminationMessagePolicy", "File")
-            resources = container.setdefault("resources", {})
-            limits = resources.get("limits") or {}
-            if limits:
-                requests = resources.setdefault("requests", {})
-                for name, value in limits.items():
-                    requests.setdefault(name, value)
-            for port in container.get("ports") or []:
-                if isinstance(port, dict):
-                    port.setdefault("protocol", "TCP")
-    # The DefaultTolerationSeconds admission plugin.
-    tolerations = spec.setdefault("tolerations", [])
-    for taint in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
-        if not any(isinstance(t, dict) and t.get("key") == taint for t in tolerations):
-            tolerations.append(
-                {
-                    "key": taint,
-                    "operator": "Exists",
-                    "effect": "NoExecute",
-                    "tolerationSeconds": 300,
-                }
-            )
+    for container in spec.get("containers") or []:
+        if not isinstance(container, dict):
+            continue
+        resources = container.setdefault("resources", {})
+        limits = resources.get("limits") or {}
+        if limits:
+            requests = resources.setdefault("requests", {})
+            for name, value in limits.items():
+                requests.setdefault(name, value)
 
 
 def qos_class(pod: Json) -> str:
@@ -1104,22 +794,8 @@ def qos_class(pod: Json) -> str:
     return "Guaranteed" if guaranteed else "Burstable"
 
 
-def _validate_container(container: Any, path: str, names: set[str]) -> list[Cause]:
-    if not isinstance(container, dict):
-        return [Cause.invalid(path, str(container), "must be an object")]
-    causes: list[Cause] = []
-    name = container.get("name")
-    if not name:
-        causes.append(Cause.required(f"{path}.name"))
-    elif not is_dns1123_label(name):
-        causes.append(Cause.invalid(f"{path}.name", name, DNS1123_LABEL_MSG))
-    elif name in names:
-        causes.append(Cause.duplicate(f"{path}.name", name))
-    else:
-        names.add(name)
-    if not container.get("image"):
-        causes.append(Cause.required(f"{path}.image"))
-    resources = container.get("resources") or {}
+def _resources_causes(resources: Json, path: str) -> list[Cause]:
+    causes = []
     limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
     for kind, values in (("limits", limits), ("requests", requests)):
         for rname, value in values.items():
@@ -1140,6 +816,25 @@ def _validate_container(container: Any, path: str, names: set[str]) -> list[Caus
                     f"must be less than or equal to {rname} limit of {limits[rname]}",
                 )
             )
+    return causes
+
+
+def _validate_container(container: Any, path: str, names: set[str]) -> list[Cause]:
+    if not isinstance(container, dict):
+        return [Cause.invalid(path, str(container), "must be an object")]
+    causes: list[Cause] = []
+    name = container.get("name")
+    if not name:
+        causes.append(Cause.required(f"{path}.name"))
+    elif not is_dns1123_label(name):
+        causes.append(Cause.invalid(f"{path}.name", name, DNS1123_LABEL_MSG))
+    elif name in names:
+        causes.append(Cause.duplicate(f"{path}.name", name))
+    else:
+        names.add(name)
+    if not container.get("image"):
+        causes.append(Cause.required(f"{path}.image"))
+    causes += _resources_causes(container.get("resources") or {}, path)
     for i, env in enumerate(container.get("env") or []):
         env_name = env.get("name") if isinstance(env, dict) else None
         if not env_name:
@@ -1151,16 +846,6 @@ def _validate_container(container: Any, path: str, names: set[str]) -> list[Caus
                     env_name,
                     "a valid environment variable name must consist of alphabetic characters,"
                     " digits, '_', '-', or '.', and must not start with a digit",
-                )
-            )
-    for i, port in enumerate(container.get("ports") or []):
-        number = port.get("containerPort") if isinstance(port, dict) else None
-        if not isinstance(number, int) or not 0 < number < 65536:
-            causes.append(
-                Cause.invalid(
-                    f"{path}.ports[{i}].containerPort",
-                    number,
-                    "must be between 1 and 65535, inclusive",
                 )
             )
     return causes
@@ -1175,8 +860,6 @@ def _validate_pod(pod: Json) -> list[Cause]:
     names: set[str] = set()
     for i, container in enumerate(containers or []):
         causes.extend(_validate_container(container, f"spec.containers[{i}]", names))
-    for i, container in enumerate(spec.get("initContainers") or []):
-        causes.extend(_validate_container(container, f"spec.initContainers[{i}]", names))
     policy = spec.get("restartPolicy")
     if policy not in ("Always", "OnFailure", "Never"):
         causes.append(
@@ -1189,155 +872,59 @@ def _validate_pod(pod: Json) -> list[Cause]:
                 "spec.terminationGracePeriodSeconds", grace, "must be greater than or equal to 0"
             )
         )
-    deadline = spec.get("activeDeadlineSeconds")
-    if deadline is not None and (not isinstance(deadline, int) or deadline <= 0):
-        causes.append(
-            Cause.invalid("spec.activeDeadlineSeconds", deadline, "must be greater than 0")
-        )
     return causes
 
 
-POD_UPDATE_FORBIDDEN = (
-    "pod updates may not change fields other than `spec.containers[*].image`,"
-    "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only"
-    " additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be"
-    " set to 1 if it was previously negative)"
-)
-
-
-def _diff_paths(a: Any, b: Any, path: str, out: list[str]) -> None:
-    if len(out) >= 5 or a == b:
-        return
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            _diff_paths(a.get(key), b.get(key), f"{path}.{key}", out)
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _diff_paths(x, y, f"{path}[{i}]", out)
-    else:
-        out.append(f"{path}: {json.dumps(a)} -> {json.dumps(b)}")
-
-
-def _pod_update_causes(old: Json, new: Json) -> list[Cause]:
-    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
-    causes = []
-    allowed = copy.deepcopy(new_spec)
-    for key in ("containers", "initContainers"):
-        olds, news = old_spec.get(key) or [], allowed.get(key) or []
-        if len(olds) == len(news):
-            for o, n in zip(olds, news, strict=True):
-                if isinstance(o, dict) and isinstance(n, dict):
-                    if not n.get("image"):
-                        causes.append(Cause.required(f"spec.{key}[*].image"))
-                    n["image"] = o.get("image")
-    old_deadline = old_spec.get("activeDeadlineSeconds")
-    new_deadline = allowed.get("activeDeadlineSeconds")
-    if new_deadline != old_deadline and (
-        old_deadline is None or (isinstance(new_deadline, int) and 0 < new_deadline <= old_deadline)
-    ):
-        allowed["activeDeadlineSeconds"] = old_deadline
-        if old_deadline is None:
-            allowed.pop("activeDeadlineSeconds", None)
-    old_tol, new_tol = old_spec.get("tolerations") or [], allowed.get("tolerations") or []
-    if all(t in new_tol for t in old_tol):
-        allowed["tolerations"] = copy.deepcopy(old_spec.get("tolerations"))
-        if "tolerations" not in old_spec:
-            allowed.pop("tolerations", None)
-    if allowed != old_spec:
-        diff: list[str] = []
-        _diff_paths(old_spec, allowed, "spec", diff)
-        causes.append(
-            Cause.forbidden("spec", POD_UPDATE_FORBIDDEN + "\n  changed: " + "; ".join(diff))
+def _secret_causes(secret: Json) -> list[Cause]:
+    return [
+        Cause.invalid(
+            f"data[{key}]",
+            key,
+            "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g."
+            " 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is"
+            " '[-._a-zA-Z0-9]+')",
         )
-    return causes
+        for key in secret.get("data") or {}
+        if _CONFIG_KEY.fullmatch(key) is None
+    ]
 
 
-# --------------------------------------------------------------------------------------------
-# Field selectors
+def _fold_secret(secret: Json) -> None:
+    """``data`` must be base64; ``stringData`` is write-only: merged into ``data``."""
+    secret.setdefault("type", "Opaque")
+    data = secret.get("data") or {}
+    for key, value in data.items():
+        try:
+            base64.b64decode(value, validate=True)
+        except (ValueError, TypeError) as e:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'Secret in version "v1" cannot be handled as a Secret: illegal base64 data in'
+                f" data[{key}]",
+            ) from e
+    for key, value in (secret.pop("stringData", None) or {}).items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    if data:
+        secret["data"] = data
 
 
-def _dig(obj: Json, dotted: str) -> Any:
-    cur: Any = obj
-    for part in dotted.split("."):
-        if not isinstance(cur, dict):
-            return None
-        cur = cur.get(part)
-    return cur
-
-
-_FIELDS: dict[str, frozenset[str]] = {
-    "pods": frozenset(
-        {
-            "spec.nodeName",
-            "spec.restartPolicy",
-            "spec.schedulerName",
-            "spec.serviceAccountName",
-            "spec.hostNetwork",
-            "status.phase",
-            "status.podIP",
-            "status.nominatedNodeName",
-        }
-    ),
-    "events": frozenset(
-        {
-            "involvedObject.kind",
-            "involvedObject.namespace",
-            "involvedObject.name",
-            "involvedObject.uid",
-            "involvedObject.apiVersion",
-            "involvedObject.resourceVersion",
-            "involvedObject.fieldPath",
-            "reason",
-            "reportingComponent",
-            "source",
-            "type",
-        }
-    ),
-    "secrets": frozenset({"type"}),
-    "nodes": frozenset({"spec.unschedulable"}),
-    "namespaces": frozenset({"status.phase"}),
-}
-
-
-def check_fields(resource: str, terms: list[tuple[str, str, str]]) -> None:
-    """SelectorError (400) for a field the resource cannot be selected by."""
-    for name, _, _ in terms:
-        if name not in ("metadata.name", "metadata.namespace") and name not in _FIELDS.get(
-            resource, frozenset()
-        ):
-            raise SelectorError(f"field label not supported: {name}")
-
-
-def field_value(resource: str, obj: Json, name: str) -> str:
-    if name == "source":
-        value = _dig(obj, "source.component")
-    elif name in {"spec.hostNetwork", "spec.unschedulable"}:
-        value = "true" if _dig(obj, name) else "false"
-    else:
-        value = _dig(obj, name)
-    return "" if value is None else str(value)
-
-
-def fields_match(resource: str, terms: list[tuple[str, str, str]], obj: Json) -> bool:
-    for name, op, value in terms:
-        actual = field_value(resource, obj, name)
-        if (actual == value) != (op == "="):
-            return False
-    return True
+def _decode(res: Resource, obj: Json) -> list[Cause]:
+    """Decode and default ``obj`` in place (400 for what does not decode); its validation
+    causes (names and labels apart)."""
+    if res.name == "pods":
+        _decode_quantities(obj)
+        _default_pod(obj)
+        return _validate_pod(obj)
+    if res.name == "secrets":
+        _fold_secret(obj)
+        return _secret_causes(obj)
+    _decode_lease(obj)
+    return _lease_causes(obj)
 
 
 # --------------------------------------------------------------------------------------------
 # Tables (server-side printing for kubectl)
-
-
-def _col(name: str, description: str = "", priority: int = 0, fmt: str = "") -> Json:
-    return {
-        "name": name,
-        "type": "string",
-        "format": fmt,
-        "description": description,
-        "priority": priority,
-    }
 
 
 def pod_display_status(pod: Json) -> tuple[str, int, int, int]:
@@ -1364,189 +951,68 @@ def pod_display_status(pod: Json) -> tuple[str, int, int, int]:
             ready += 1
     if reason == "Completed" and running:
         reason = "Running"
-    meta = pod.get("metadata") or {}
-    if meta.get("deletionTimestamp"):
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
         reason = "Unknown" if status.get("reason") == "NodeLost" else "Terminating"
     return reason, ready, total, restarts
 
 
-def _age(obj: Json, now: float) -> str:
-    created = (obj.get("metadata") or {}).get("creationTimestamp")
-    return human_duration(now - parse_rfc3339(created)) if created else "<unknown>"
+def _col(name: str, description: str, priority: int = 0, fmt: str = "") -> Json:
+    return {
+        "name": name,
+        "type": "string",
+        "format": fmt,
+        "description": description,
+        "priority": priority,
+    }
 
 
-def _table_columns(resource: str) -> list[Json]:
-    name = _col("Name", "Name must be unique within a namespace.", fmt="name")
-    age = _col(
-        "Age",
-        "CreationTimestamp is a timestamp representing the server time when this"
-        " object was created.",
-    )
-    if resource == "pods":
-        return [
-            name,
-            _col("Ready", "The aggregate readiness state of this pod for accepting traffic."),
-            _col("Status", "The aggregate status of the containers in this pod."),
-            _col(
-                "Restarts",
-                "The number of times the containers in this pod have been"
-                " restarted and when the last container in this pod has restarted.",
-            ),
-            age,
-            _col("IP", "IP address allocated to the pod.", 1),
-            _col("Node", "Name of the node the pod is assigned to.", 1),
-            _col("Nominated Node", "Name of the node where the pod is nominated.", 1),
-            _col("Readiness Gates", "Pod readiness gates.", 1),
-        ]
-    if resource == "services":
-        return [
-            name,
-            _col("Type"),
-            _col("Cluster-IP"),
-            _col("External-IP"),
-            _col("Port(s)"),
-            age,
-            _col("Selector", priority=1),
-        ]
-    if resource == "nodes":
-        return [
-            name,
-            _col("Status"),
-            _col("Roles"),
-            age,
-            _col("Version"),
-            _col("Internal-IP", priority=1),
-            _col("External-IP", priority=1),
-            _col("OS-Image", priority=1),
-            _col("Kernel-Version", priority=1),
-            _col("Container-Runtime", priority=1),
-        ]
-    if resource == "namespaces":
-        return [name, _col("Status"), age]
-    if resource == "secrets":
-        return [name, _col("Type"), _col("Data"), age]
-    if resource == "configmaps":
-        return [name, _col("Data"), age]
-    if resource == "events":
-        return [
-            _col("Last Seen"),
-            _col("Type"),
-            _col("Reason"),
-            _col("Object"),
-            _col("Message"),
-            _col("Subobject", priority=1),
-            _col("Source", priority=1),
-            _col("First Seen", priority=1),
-            _col("Count", priority=1),
-            _col("Name", priority=1, fmt="name"),
-        ]
-    return [name, age]
+_POD_COLUMNS = [
+    _col("Name", "Name must be unique within a namespace.", fmt="name"),
+    _col("Ready", "The aggregate readiness state of this pod for accepting traffic."),
+    _col("Status", "The aggregate status of the containers in this pod."),
+    _col("Restarts", "The number of times the containers in this pod have been restarted."),
+    _col("Age", "CreationTimestamp is the server time when this object was created."),
+    _col("IP", "IP address allocated to the pod.", 1),
+    _col("Node", "Name of the node the pod is assigned to.", 1),
+]
 
 
-def _table_cells(resource: str, obj: Json, now: float) -> list[Any]:
-    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
-    name = meta.get("name", "")
-    if resource == "pods":
-        shown, ready, total, restarts = pod_display_status(obj)
-        gates = spec.get("readinessGates") or []
-        return [
-            name,
-            f"{ready}/{total}",
-            shown,
-            str(restarts),
-            _age(obj, now),
-            status.get("podIP") or "<none>",
-            spec.get("nodeName") or "<none>",
-            status.get("nominatedNodeName") or "<none>",
-            f"0/{len(gates)}" if gates else "<none>",
-        ]
-    if resource == "services":
-        ports = ",".join(
-            f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in spec.get("ports") or []
-        )
-        selector = ",".join(f"{k}={v}" for k, v in (spec.get("selector") or {}).items())
-        return [
-            name,
-            spec.get("type", "ClusterIP"),
-            spec.get("clusterIP") or "<none>",
-            "<none>",
-            ports or "<none>",
-            _age(obj, now),
-            selector or "<none>",
-        ]
-    if resource == "nodes":
-        ready_status = next(
-            (c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"),
-            "Unknown",
-        )
-        shown = {"True": "Ready", "False": "NotReady"}.get(ready_status or "", "NotReady")
-        if spec.get("unschedulable"):
-            shown += ",SchedulingDisabled"
-        info = status.get("nodeInfo") or {}
-        ip = next(
-            (
-                a.get("address")
-                for a in status.get("addresses") or []
-                if a.get("type") == "InternalIP"
-            ),
-            "<none>",
-        )
-        return [
-            name,
-            shown,
-            "<none>",
-            _age(obj, now),
-            info.get("kubeletVersion", ""),
-            ip,
-            "<none>",
-            info.get("osImage", ""),
-            info.get("kernelVersion", ""),
-            info.get("containerRuntimeVersion", ""),
-        ]
-    if resource == "namespaces":
-        return [name, status.get("phase", "Active"), _age(obj, now)]
-    if resource == "secrets":
-        return [name, obj.get("type", "Opaque"), len(obj.get("data") or {}), _age(obj, now)]
-    if resource == "configmaps":
-        return [name, len(obj.get("data") or {}) + len(obj.get("binaryData") or {}), _age(obj, now)]
-    if resource == "events":
-        involved = obj.get("involvedObject") or {}
-        last = obj.get("lastTimestamp") or obj.get("eventTime") or meta.get("creationTimestamp")
-        first = obj.get("firstTimestamp") or last
-        return [
-            human_duration(now - parse_rfc3339(last)) if last else "<unknown>",
-            obj.get("type", ""),
-            obj.get("reason", ""),
-            f"{str(involved.get('kind', '')).lower()}/{involved.get('name', '')}",
-            obj.get("message", ""),
-            involved.get("fieldPath", ""),
-            (obj.get("source") or {}).get("component", ""),
-            human_duration(now - parse_rfc3339(first)) if first else "<unknown>",
-            obj.get("count", 1),
-            name,
-        ]
-    return [name, _age(obj, now)]
+def _pod_cells(pod: Json, now: float) -> list[Any]:
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    shown, ready, total, restarts = pod_display_status(pod)
+    created = meta.get("creationTimestamp")
+    age = datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else now
+    return [
+        meta.get("name", ""),
+        f"{ready}/{total}",
+        shown,
+        str(restarts),
+        human_duration(now - age),
+        status.get("podIP") or "<none>",
+        spec.get("nodeName") or "<none>",
+    ]
 
 
-def make_table(resource: str, objs: list[Json], include: str, list_meta: Json) -> Json:
+def pod_table(pods: list[Json], include: str, list_meta: Json) -> Json:
+    """What ``kubectl get pods`` asks for (``Accept: ...;as=Table``) and prints as it is."""
     now = time.time()
     rows = []
-    for obj in objs:
-        row: Json = {"cells": _table_cells(resource, obj, now)}
+    for pod in pods:
+        row: Json = {"cells": _pod_cells(pod, now)}
         if include == "Object":
-            row["object"] = obj
+            row["object"] = pod
         elif include != "None":
             row["object"] = {
                 "kind": "PartialObjectMetadata",
                 "apiVersion": "meta.k8s.io/v1",
-                "metadata": obj.get("metadata") or {},
+                "metadata": pod.get("metadata") or {},
             }
         rows.append(row)
     return {
         "kind": "Table",
         "apiVersion": "meta.k8s.io/v1",
         "metadata": list_meta,
-        "columnDefinitions": _table_columns(resource),
+        "columnDefinitions": _POD_COLUMNS,
         "rows": rows,
     }
 
@@ -1558,23 +1024,20 @@ def make_table(resource: str, objs: list[Json], include: str, list_meta: Json) -
 @dataclass(frozen=True, slots=True)
 class ApiCall:
     """One request, as an audit log records it. ``verb`` is the RBAC verb (get, list, watch,
-    create, update, patch, delete, deletecollection); ``resource`` is empty for non-resource
-    paths (discovery, /version), whose ``verb`` is the lower-cased HTTP method. ``code`` is the
-    HTTP status sent, 0 when the connection was reset without a response."""
+    create, update, patch, delete); ``resource`` is empty for non-resource paths (discovery,
+    /version), whose ``verb`` is the lower-cased HTTP method. ``code`` is the HTTP status sent,
+    0 when the client went away before one was."""
 
     verb: str
     api_group: str
-    api_version: str
     resource: str
     subresource: str
     namespace: str
     name: str
-    user_agent: str
     code: int
     from_kubelet: bool
     method: str
     path: str
-    at: float
 
     @property
     def rbac_resource(self) -> str:
@@ -1597,87 +1060,71 @@ class _RequestInfo:
     is_resource: bool = False
     watch: bool = False
 
+    @property
+    def target(self) -> str:
+        return f"{self.resource}/{self.subresource}" if self.subresource else self.resource
+
 
 @dataclass(slots=True)
 class _Fault:
-    kind: str  # fail, reset, slow
-    code: int = 500
-    remaining: int | None = None  # None: until ``until``
+    """Requests (of ``verb`` on ``resource`` when set) fail with ``code`` until ``until`` or
+    for the next ``remaining`` of them."""
+
+    code: int
     until: float = math.inf
-    delay_s: float = 0.0
-    retry_after: int | None = None
+    remaining: int | None = None
+    retry_after: int = 1
     message: str | None = None
     verb: str | None = None
     resource: str | None = None
 
     def applies(self, info: _RequestInfo) -> bool:
-        if self.verb is not None and info.verb != self.verb:
-            return False
-        if self.resource is not None:
-            target = f"{info.resource}/{info.subresource}" if info.subresource else info.resource
-            if self.resource != target:
-                return False
-        return True
+        return self.verb in (None, info.verb) and self.resource in (None, info.target)
+
+    def error(self) -> ApiError:
+        error = status_error(self.code, self.message)
+        if self.code == 429:
+            error.headers["Retry-After"] = str(self.retry_after)
+            error.details = {"retryAfterSeconds": self.retry_after}
+        return error
 
 
 # --------------------------------------------------------------------------------------------
 # Watches
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Event:
     rv: int
     type: str  # ADDED, MODIFIED, DELETED
     resource: str
-    namespace: str
     obj: Json  # never mutated after commit
-    old: Json | None
 
 
 class _Watcher:
+    """One open watch: the events it matches, queued as the lines it sends.
+
+    No object's labels change in what is served (a pod's are fixed at creation; secrets and
+    leases are not watched), so an event matches on its object alone: the real watch cache's
+    ADDED/DELETED for an object that starts or stops matching a selector never arises."""
+
     _CLOSE = b""
 
     def __init__(
-        self,
-        resource: str,
-        namespace: str,
-        labels: list[Requirement],
-        fields: list[tuple[str, str, str]],
-        from_kubelet: bool,
+        self, resource: str, namespace: str, labels: list[Requirement], bookmarks: bool
     ) -> None:
-        self.resource, self.namespace = resource, namespace
-        self.labels, self.fields = labels, fields
-        self.from_kubelet = from_kubelet
-        self.bookmarks = False
+        self.resource, self.namespace, self.labels = resource, namespace, labels
+        self.bookmarks = bookmarks
         self.queue: queue.SimpleQueue[bytes] = queue.SimpleQueue()
 
-    def matches(self, obj: Json) -> bool:
-        meta = obj.get("metadata") or {}
-        if self.namespace and meta.get("namespace", "") != self.namespace:
-            return False
-        return labels_match(self.labels, meta.get("labels")) and fields_match(
-            self.resource, self.fields, obj
-        )
-
     def offer(self, event: _Event) -> None:
+        meta = event.obj.get("metadata") or {}
         if event.resource != self.resource:
             return
-        now = self.matches(event.obj)
-        before = event.old is not None and event.type == "MODIFIED" and self.matches(event.old)
-        if event.type == "MODIFIED":
-            if now and before:
-                kind = "MODIFIED"
-            elif now:
-                kind = "ADDED"  # started matching the selector
-            elif before:
-                kind = "DELETED"  # stopped matching it
-            else:
-                return
-        elif not now:
+        if self.namespace and meta.get("namespace", "") != self.namespace:
             return
-        else:
-            kind = event.type
-        self.send(kind, event.obj)
+        if labels_match(self.labels, meta.get("labels")):
+            self.send(event.type, event.obj)
 
     def send(self, kind: str, obj: Json) -> None:
         line = json.dumps({"type": kind, "object": obj}, separators=(",", ":")) + "\n"
@@ -1719,42 +1166,20 @@ class _HttpServer(ThreadingHTTPServer):
 
 
 class FakeApiServer:
-    """A Kubernetes API server on ``127.0.0.1`` (see the module docstring).
+    """A Kubernetes API server on ``127.0.0.1`` (see the module docstring). Use as a context
+    manager.
 
-    ``token`` / ``require_token``: when a token is set (or ``require_token`` makes one up),
-    every request must carry ``Authorization: Bearer <token>``, else 401 Unauthorized. Note
-    that kubectl (client-go) never sends credentials to a plain-http server, so kubectl only
-    works against a server that requires none; the official Python client does send them.
-    ``node_name``: the Ready node registered at start (None: no node).
     ``history_limit``: how many events are kept for watches to resume from; older ones are
     compacted away (a watch from before them gets 410 Expired).
-    ``user``: the user name 403 messages name.
     """
 
-    def __init__(
-        self,
-        *,
-        token: str | None = None,
-        require_token: bool = False,
-        history_limit: int = 20000,
-        user: str = "system:serviceaccount:default:default",
-        node_name: str | None = DEFAULT_NODE,
-    ) -> None:
-        if token is None and require_token:
-            token = "fake-" + uuid.uuid4().hex
-        #: The bearer token every request must carry, or None for no authentication.
-        self.token = token
-        self.user = user
-        #: Whether the kubelet's requests (header ``X-Fake-Kubelet``) skip injected faults.
-        self.faults_exempt_kubelet = True
+    def __init__(self, *, history_limit: int = 20000) -> None:
         #: Whether a kubelet runs pods; makes deleting a bound, running pod graceful.
         self.kubelet_attached = False
         #: When False, ``metrics.k8s.io`` is absent: 404 on its paths, not in ``/apis``.
         self.serve_metrics = True
         #: Seconds between BOOKMARK events on watches that allow them.
         self.bookmark_interval_s = 5.0
-        #: ``(namespace, pod) -> log text`` for ``pods/log`` (set by the fake kubelet).
-        self.log_provider: Callable[[str, str], str | None] | None = None
         self._lock = threading.RLock()
         self._store: dict[str, dict[tuple[str, str], Json]] = {r: {} for r in RESOURCES}
         self._rv = 0
@@ -1764,22 +1189,10 @@ class FakeApiServer:
         self._watchers: set[_Watcher] = set()
         self._faults: list[_Fault] = []
         self._forbidden: set[tuple[str, str]] = set()  # (verb, resource[/sub])
-        self._rules: list[Json] | None = None
         self._calls: list[ApiCall] = []
         self._calls_lock = threading.Lock()
         self._metrics: dict[tuple[str, str], tuple[float, int, float, float]] = {}
-        self._service_ips = 0
-        self._gc_queue: queue.SimpleQueue[tuple[str, str, str, str] | None] = queue.SimpleQueue()
-        self._gc_pending: list[tuple[str, str, str]] = []
         self._closed = False
-        for ns in ("default", "kube-system", "kube-public"):
-            self._create_internal(
-                "namespaces",
-                {"metadata": {"name": ns}},
-                "",
-            )
-        if node_name:
-            self.add_node(node_name)
         self._http = _HttpServer(self)
         self.port: int = self._http.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -1790,8 +1203,6 @@ class FakeApiServer:
             name="fake-apiserver",
         )
         self._serve_thread.start()
-        self._gc_thread = threading.Thread(target=self._gc_loop, daemon=True, name="fake-gc")
-        self._gc_thread.start()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -1815,7 +1226,6 @@ class FakeApiServer:
             watchers, self._watchers = list(self._watchers), set()
         for watcher in watchers:
             watcher.close()
-        self._gc_queue.put(None)
         self._http.shutdown()
         with self._http.sockets_lock:
             sockets = list(self._http.open_sockets)
@@ -1823,21 +1233,15 @@ class FakeApiServer:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         self._http.server_close()
-        self._gc_thread.join(timeout=5)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    def write_kubeconfig(
-        self,
-        path: str | os.PathLike[str],
-        namespace: str = "default",
-        token: str | None = None,
-    ) -> Path:
-        """A kubeconfig for this server that the official client and kubectl accept. The
-        bearer token is ``token``, else the server's own, else the fixed ``fake-token``
-        (accepted when the server requires none). JSON, which is valid YAML."""
+    def write_kubeconfig(self, path: str | os.PathLike[str], namespace: str = "default") -> Path:
+        """A kubeconfig for this server that the official client and kubectl accept (JSON,
+        which is valid YAML). Its token is never checked: kubectl sends none over plain
+        HTTP, the official client sends it."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -1849,7 +1253,7 @@ class FakeApiServer:
                 }
             ],
             "current-context": "fake",
-            "users": [{"name": "fake", "user": {"token": token or self.token or "fake-token"}}],
+            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
             "preferences": {},
         }
         out = Path(path)
@@ -1867,59 +1271,25 @@ class FakeApiServer:
         verb: str | None = None,
         resource: str | None = None,
         message: str | None = None,
-        retry_after: int | None = None,
     ) -> None:
         """The next ``count`` API requests (optionally only of ``verb`` on ``resource``, e.g.
         ``"create"``, ``"pods"`` or ``"pods/status"``) get a ``code`` Status."""
         with self._lock:
             self._faults.append(
-                _Fault(
-                    "fail",
-                    code,
-                    remaining=count,
-                    verb=verb,
-                    resource=resource,
-                    message=message,
-                    retry_after=retry_after,
-                )
+                _Fault(code, remaining=count, message=message, verb=verb, resource=resource)
             )
 
-    def storm(
-        self,
-        seconds: float,
-        code: int = 500,
-        *,
-        verb: str | None = None,
-        resource: str | None = None,
-    ) -> None:
+    def storm(self, seconds: float, code: int = 500) -> None:
         """Every API request fails with ``code`` for ``seconds``."""
         with self._lock:
-            self._faults.append(
-                _Fault("fail", code, until=time.monotonic() + seconds, verb=verb, resource=resource)
-            )
+            self._faults.append(_Fault(code, until=time.monotonic() + seconds))
 
     def throttle(self, seconds: float, retry_after: int = 1) -> None:
         """429 TooManyRequests with ``Retry-After: retry_after`` for ``seconds``."""
         with self._lock:
             self._faults.append(
-                _Fault("fail", 429, until=time.monotonic() + seconds, retry_after=retry_after)
+                _Fault(429, until=time.monotonic() + seconds, retry_after=retry_after)
             )
-
-    def slow(self, delay_s: float, duration_s: float) -> None:
-        """Delay every API request by ``delay_s`` for the next ``duration_s`` seconds."""
-        with self._lock:
-            self._faults.append(
-                _Fault("slow", until=time.monotonic() + duration_s, delay_s=delay_s)
-            )
-
-    def reset_connections(
-        self, count: int = 1, *, verb: str | None = None, resource: str | None = None
-    ) -> None:
-        """Close the connection of the next ``count`` API requests without any response.
-        (urllib3, under the official client, retries an idempotent request up to 3 times on
-        its own: a single reset of a GET goes unnoticed; one of a POST raises.)"""
-        with self._lock:
-            self._faults.append(_Fault("reset", remaining=count, verb=verb, resource=resource))
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -1934,19 +1304,7 @@ class FakeApiServer:
         with self._lock:
             self._forbidden.discard((verb, resource))
 
-    def restrict(self, rules: list[Json] | None) -> None:
-        """Authorize like a Role with these ``rules`` (``apiGroups``, ``resources``,
-        ``verbs``, optional ``resourceNames``; ``"*"`` wildcards): anything else is 403.
-        Discovery and ``/version`` stay open; ``None`` lifts the restriction."""
-        with self._lock:
-            self._rules = copy.deepcopy(rules)
-
     # -- test controls: watches --------------------------------------------------------------
-
-    @property
-    def resource_version(self) -> int:
-        with self._lock:
-            return self._rv
 
     def compact(self) -> None:
         """Drop the event history, as etcd compaction does: a watch from an older
@@ -1965,14 +1323,6 @@ class FakeApiServer:
             watcher.close()
         return len(watchers)
 
-    def send_bookmarks(self) -> None:
-        """A BOOKMARK now on every open watch that allows them."""
-        with self._lock:
-            watchers = list(self._watchers)
-        for watcher in watchers:
-            if watcher.bookmarks:
-                watcher.send("BOOKMARK", self._bookmark(watcher.resource))
-
     @property
     def open_watches(self) -> int:
         with self._lock:
@@ -1990,17 +1340,10 @@ class FakeApiServer:
         """The requests not made by the fake kubelet."""
         return [c for c in self.calls if not c.from_kubelet]
 
-    def rbac_verbs(self, *, include_kubelet: bool = False) -> set[tuple[str, str, str]]:
-        """``(api_group, resource[/subresource], verb)`` of every resource request made."""
-        return {
-            (c.api_group, c.rbac_resource, c.verb)
-            for c in self.calls
-            if c.resource and (include_kubelet or not c.from_kubelet)
-        }
-
-    def clear_calls(self) -> None:
-        with self._calls_lock:
-            self._calls.clear()
+    def rbac_verbs(self) -> set[tuple[str, str, str]]:
+        """``(api_group, resource[/subresource], verb)`` of every resource request made by
+        a client (not the kubelet)."""
+        return {(c.api_group, c.rbac_resource, c.verb) for c in self.client_calls() if c.resource}
 
     def _record(self, call: ApiCall) -> None:
         with self._calls_lock:
@@ -2044,79 +1387,18 @@ class FakeApiServer:
                 if namespace is None or ns == namespace
             ]
 
-    def create_object(self, resource: str, obj: Json, namespace: str = "") -> Json:
-        """Create an object in-process, with the same defaulting and validation (raises
-        :class:`ApiError`)."""
-        return self._create_internal(resource, copy.deepcopy(obj), namespace)
-
-    def add_node(
-        self, name: str, cpu: float | None = None, memory_bytes: int | None = None
-    ) -> Json:
-        """Register a Ready node (the default ``fake-node-0`` is registered at start)."""
-        cpu = float(os.cpu_count() or 1) if cpu is None else cpu
-        if memory_bytes is None:
-            try:
-                memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            except (ValueError, OSError, AttributeError):
-                memory_bytes = 8 << 30
-        now = rfc3339()
-        capacity = {
-            "cpu": format_quantity(Fraction(cpu).limit_denominator(1000)),
-            "memory": format_quantity(memory_bytes // 1024 * 1024, "BinarySI"),
-            "pods": "110",
-            "ephemeral-storage": "64Gi",
-        }
-        node = {
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "kubernetes.io/hostname": name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "beta.kubernetes.io/os": "linux",
-                    "beta.kubernetes.io/arch": "amd64",
-                },
-            },
-            "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]},
-            "status": {
-                "capacity": capacity,
-                "allocatable": dict(capacity),
-                "conditions": [
-                    _node_condition("MemoryPressure", "False", "KubeletHasSufficientMemory", now),
-                    _node_condition("DiskPressure", "False", "KubeletHasNoDiskPressure", now),
-                    _node_condition("PIDPressure", "False", "KubeletHasSufficientPID", now),
-                    _node_condition("Ready", "True", "KubeletReady", now),
-                ],
-                "addresses": [
-                    {"type": "InternalIP", "address": "127.0.0.1"},
-                    {"type": "Hostname", "address": name},
-                ],
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-                "nodeInfo": {
-                    "machineID": "",
-                    "systemUUID": "",
-                    "bootID": "",
-                    "kernelVersion": platform.release(),
-                    "osImage": "fake-kubelet",
-                    "containerRuntimeVersion": "fake://1.0.0",
-                    "kubeletVersion": "v1.32.0",
-                    "kubeProxyVersion": "",
-                    "operatingSystem": "linux",
-                    "architecture": "amd64",
-                },
-            },
-        }
-        with self._lock:
-            if (("", name)) in self._store["nodes"]:
-                return copy.deepcopy(self._store["nodes"][("", name)])
-            return self._create_internal("nodes", node, "")
+    def create_object(self, resource: str, obj: Json, namespace: str) -> Json:
+        """Create an object in-process, with the same decoding, defaulting and validation
+        (raises :class:`ApiError`)."""
+        return self._create(RESOURCES[resource], copy.deepcopy(obj), namespace)
 
     # -- store -------------------------------------------------------------------------------
 
     def _commit(
         self, resource: str, key: tuple[str, str], obj: Json | None, kind: str, old: Json | None
     ) -> Json:
-        """Write under the lock: bump the counter, store (or remove), record, notify."""
+        """Write under the lock: bump the counter, store (or remove), record, notify; a
+        removal lets the garbage collector delete what the object owned."""
         self._rv += 1
         if obj is None:
             assert old is not None
@@ -2129,45 +1411,38 @@ class FakeApiServer:
             final = obj
             final["metadata"]["resourceVersion"] = str(self._rv)
             self._store[resource][key] = final
-        event = _Event(self._rv, kind, resource, key[0], final, old)
+        event = _Event(self._rv, kind, resource, final)
         self._history.append(event)
         while len(self._history) > self._history_limit:
             self._compacted_rv = self._history.popleft().rv
         for watcher in list(self._watchers):
             watcher.offer(event)
         if obj is None:
-            uid = old["metadata"].get("uid", "") if old else ""
-            if uid:
-                self._gc_queue.put(("removed", uid, "", ""))
+            self._collect_garbage(final["metadata"].get("uid", ""))
         return final
+
+    def _collect_garbage(self, uid: str) -> None:
+        """Background propagation, as the garbage collector does it after the owner is gone
+        (here at once): a dependent none of whose owners remains is deleted, as by a client
+        (a running pod on a kubelet gracefully). A dependent with another owner left stays,
+        its reference to the gone one with it (the real collector removes that reference)."""
+        live = {o["metadata"].get("uid") for objs in self._store.values() for o in objs.values()}
+        for resource, objs in self._store.items():
+            for key, obj in list(objs.items()):
+                refs = obj["metadata"].get("ownerReferences") or []
+                owners = {r.get("uid") for r in refs if isinstance(r, dict)}
+                if uid not in owners or owners & live or key not in objs:
+                    continue
+                if not obj["metadata"].get("deletionTimestamp"):
+                    self._delete(RESOURCES[resource], key[0], key[1], {})
 
     def _get_stored(self, res: Resource, namespace: str, name: str) -> Json:
         obj = self._store[res.name].get((namespace, name))
         if obj is None:
             raise ApiError(
-                404,
-                "NotFound",
-                f'{res.qualified} "{name}" not found',
-                res.details(name),
+                404, "NotFound", f'{res.qualified} "{name}" not found', res.details(name)
             )
         return obj
-
-    def _check_namespace(self, namespace: str) -> None:
-        if namespace and ("", namespace) not in self._store["namespaces"]:
-            raise ApiError(
-                404,
-                "NotFound",
-                f'namespaces "{namespace}" not found',
-                {"name": namespace, "kind": "namespaces"},
-            )
-        ns = self._store["namespaces"].get(("", namespace)) if namespace else None
-        if ns is not None and (ns.get("metadata") or {}).get("deletionTimestamp"):
-            raise ApiError(
-                403,
-                "Forbidden",
-                f"unable to create new content in namespace {namespace} because it is being"
-                " terminated",
-            )
 
     def _prepare_new(self, res: Resource, obj: Json, namespace: str) -> Json:
         """Decode, default and validate an object to create; raises ApiError."""
@@ -2184,117 +1459,52 @@ class FakeApiServer:
         meta = obj.setdefault("metadata", {})
         if not isinstance(meta, dict):
             raise ApiError(400, "BadRequest", "metadata must be an object")
-        body_ns = meta.get("namespace")
-        if res.namespaced:
-            if body_ns and body_ns != namespace:
-                raise ApiError(
-                    400,
-                    "BadRequest",
-                    "the namespace of the provided object does not match the namespace sent"
-                    " on the request",
-                )
-            meta["namespace"] = namespace
-        else:
-            meta.pop("namespace", None)
+        if meta.get("namespace") and meta["namespace"] != namespace:
+            raise ApiError(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent"
+                " on the request",
+            )
+        meta["namespace"] = namespace
         obj["kind"], obj["apiVersion"] = res.kind, res.api_version
-        if not meta.get("name") and meta.get("generateName"):
-            alphabet = "bcdfghjklmnpqrstvwxz2456789"
-            meta["name"] = meta["generateName"] + "".join(random.choices(alphabet, k=5))
-        if res.name == "pods":
-            _decode_quantities(obj)
-            _default_pod(obj)
-        elif res.name == "secrets":
-            _fold_secret(obj)
-        elif res.name == "services":
-            self._default_service(obj)
-        elif res.name == "leases":
-            _decode_lease(obj)
-        elif res.name == "namespaces":
-            meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = meta.get("name", "")
-            obj.setdefault("spec", {"finalizers": ["kubernetes"]})
-            obj["status"] = {"phase": "Active"}
-        causes = _name_causes(res, meta) + _labels_causes(meta)
-        if res.name == "pods":
-            causes += _validate_pod(obj)
-        elif res.name in ("secrets", "configmaps"):
-            for key in list(obj.get("data") or {}) + list(obj.get("binaryData") or {}):
-                if _CONFIG_KEY.fullmatch(key) is None:
-                    causes.append(
-                        Cause.invalid(
-                            f"data[{key}]",
-                            key,
-                            "a valid config key must consist of alphanumeric characters, '-',"
-                            " '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name',"
-                            " regex used for validation is '[-._a-zA-Z0-9]+')",
-                        )
-                    )
-        elif res.name == "events" and not obj.get("involvedObject"):
-            causes.append(Cause.required("involvedObject"))
-        elif res.name == "leases":
-            causes += _lease_causes(obj)
+        causes = _decode(res, obj)
+        causes = _name_causes(meta) + _labels_causes(meta) + causes
         if causes:
             raise invalid(res.kind, meta.get("name") or "", causes, res.group)
         if res.name == "pods":
-            status = {"phase": "Pending", "qosClass": qos_class(obj)}
-            obj["status"] = status
+            obj["status"] = {"phase": "Pending", "qosClass": qos_class(obj)}
         for system in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
             meta.pop(system, None)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = rfc3339()
-        meta["generation"] = 1
         return obj
 
-    def _default_service(self, svc: Json) -> None:
-        spec = svc.setdefault("spec", {})
-        spec.setdefault("type", "ClusterIP")
-        spec.setdefault("sessionAffinity", "None")
-        if spec.get("clusterIP") != "None" and not spec.get("clusterIP"):
-            self._service_ips += 1
-            n = self._service_ips
-            spec["clusterIP"] = f"10.96.{n // 250}.{n % 250 + 2}"
-        spec.setdefault("clusterIPs", [spec["clusterIP"]])
-        spec.setdefault("ipFamilies", ["IPv4"])
-        spec.setdefault("ipFamilyPolicy", "SingleStack")
-        spec.setdefault("internalTrafficPolicy", "Cluster")
-        for port in spec.get("ports") or []:
-            if isinstance(port, dict):
-                port.setdefault("protocol", "TCP")
-                port.setdefault("targetPort", port.get("port"))
-        svc["status"] = {"loadBalancer": {}}
-
-    def _create_internal(
-        self, resource: str, obj: Json, namespace: str, dry_run: bool = False
-    ) -> Json:
-        res = RESOURCES[resource]
+    def _create(self, res: Resource, obj: Json, namespace: str) -> Json:
         with self._lock:
-            if res.namespaced:
-                self._check_namespace(namespace)
-            obj = self._prepare_new(res, obj, namespace if res.namespaced else "")
-            key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
-            if key in self._store[resource]:
-                name = key[1]
+            if namespace not in NAMESPACES:
+                raise ApiError(
+                    404,
+                    "NotFound",
+                    f'namespaces "{namespace}" not found',
+                    {"name": namespace, "kind": "namespaces"},
+                )
+            obj = self._prepare_new(res, obj, namespace)
+            key = (namespace, obj["metadata"]["name"])
+            if key in self._store[res.name]:
                 raise ApiError(
                     409,
                     "AlreadyExists",
-                    f'{res.qualified} "{name}" already exists',
-                    res.details(name),
+                    f'{res.qualified} "{key[1]}" already exists',
+                    res.details(key[1]),
                 )
-            if dry_run:
-                return obj
-            return copy.deepcopy(self._commit(resource, key, obj, "ADDED", None))
+            return copy.deepcopy(self._commit(res.name, key, obj, "ADDED", None))
 
-    def _update_internal(
-        self,
-        res: Resource,
-        namespace: str,
-        name: str,
-        new: Json,
-        subresource: str = "",
-        *,
-        require_rv: bool = False,
-        dry_run: bool = False,
+    def _update(
+        self, res: Resource, namespace: str, name: str, new: Any, subresource: str = ""
     ) -> Json:
-        """Replace an object (or its status) with ``new``; ``new`` is a whole object."""
+        """Replace an object, or a pod's status, with ``new`` (a whole object), at the
+        resourceVersion it carries if any (409 if it is not the stored one)."""
         with self._lock:
             old = self._get_stored(res, namespace, name)
             if not isinstance(new, dict):
@@ -2321,452 +1531,177 @@ class FakeApiServer:
                 )
             # Leases allow no unconditional update (their strategy's AllowUnconditionalUpdate
             # is false): the holder's write must prove it read the current version.
-            if not rv and require_rv and res.name in ("pods", "leases"):
+            if not rv and res.name == "leases":
                 raise invalid(
                     res.kind,
                     name,
                     [
                         Cause.invalid(
-                            "metadata.resourceVersion",
-                            "0x0",
-                            "must be specified for an update",
+                            "metadata.resourceVersion", "0x0", "must be specified for an update"
                         )
                     ],
+                    res.group,
                 )
             if subresource == "status":
                 updated = copy.deepcopy(old)
                 updated["status"] = copy.deepcopy(new.get("status") or {})
             else:
-                updated = copy.deepcopy(new)
-                updated["kind"], updated["apiVersion"] = res.kind, res.api_version
-                umeta = updated["metadata"]
-                for system in (
-                    "uid",
-                    "creationTimestamp",
-                    "namespace",
-                    "name",
-                    "generation",
-                    "deletionTimestamp",
-                    "deletionGracePeriodSeconds",
-                ):
-                    if system in old["metadata"]:
-                        umeta[system] = old["metadata"][system]
-                    else:
-                        umeta.pop(system, None)
-                if res.has_status:
-                    if "status" in old:
-                        updated["status"] = copy.deepcopy(old["status"])
-                    else:
-                        updated.pop("status", None)
-                if res.name == "pods":
-                    _decode_quantities(updated)
-                    _default_pod(updated)
-                elif res.name == "secrets":
-                    _fold_secret(updated)
-                elif res.name == "leases":
-                    _decode_lease(updated)
-                causes = _labels_causes(umeta)
-                if res.name == "pods":
-                    causes += _validate_pod(updated)
-                    if not causes:
-                        causes += _pod_update_causes(old, updated)
-                elif res.name == "leases":
-                    causes += _lease_causes(updated)
-                if causes:
-                    raise invalid(res.kind, name, causes, res.group)
-                if updated.get("spec") != old.get("spec"):
-                    umeta["generation"] = int(old["metadata"].get("generation", 1)) + 1
-            if dry_run:
-                return updated
+                updated = self._replacement(res, old, new)
             if updated == old:
                 return copy.deepcopy(old)  # a no-op write does not bump the resourceVersion
-            final = self._commit(res.name, (namespace, name), updated, "MODIFIED", old)
-            self._maybe_finish_deletion(res, namespace, name)
-            current = self._store[res.name].get((namespace, name), final)
-            return copy.deepcopy(current if current is not None else final)
+            return copy.deepcopy(
+                self._commit(res.name, (namespace, name), updated, "MODIFIED", old)
+            )
 
-    def _patch_internal(
-        self,
-        res: Resource,
-        namespace: str,
-        name: str,
-        content_type: str,
-        patch: Any,
-        subresource: str = "",
-        dry_run: bool = False,
+    def _replacement(self, res: Resource, old: Json, new: Json) -> Json:
+        """``new`` decoded and validated as the replacement of ``old`` (a secret or a lease:
+        pods are not updated but through their status), its system fields kept."""
+        updated = copy.deepcopy(new)
+        updated["kind"], updated["apiVersion"] = res.kind, res.api_version
+        umeta = updated["metadata"]
+        for system in (
+            "uid",
+            "creationTimestamp",
+            "namespace",
+            "name",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ):
+            if system in old["metadata"]:
+                umeta[system] = old["metadata"][system]
+            else:
+                umeta.pop(system, None)
+        causes = _labels_causes(umeta) + _decode(res, updated)
+        if causes:
+            raise invalid(res.kind, umeta["name"], causes, res.group)
+        return updated
+
+    def _patch(
+        self, res: Resource, namespace: str, name: str, content_type: str, patch: Any
     ) -> Json:
+        """A strategic merge patch of a pod's status (what the kubelet sends, and what the
+        official client sends for a dict). A resourceVersion in the patch is a precondition."""
+        if content_type != "application/strategic-merge-patch+json":
+            raise ApiError(
+                415,
+                "UnsupportedMediaType",
+                "the body of the request was in an unknown format - the fake API server accepts"
+                f' only application/strategic-merge-patch+json (got "{content_type}")',
+            )
         with self._lock:
             old = self._get_stored(res, namespace, name)
-            try:
-                if content_type == "application/json-patch+json":
-                    if not isinstance(patch, list):
-                        raise PatchError("a JSON patch must be a list of operations")
-                    patched = json_patch(old, patch)
-                elif content_type == "application/merge-patch+json":
-                    patched = json_merge_patch(old, patch)
-                elif content_type == "application/strategic-merge-patch+json":
-                    patched = strategic_merge_patch(old, patch)
-                else:
-                    raise ApiError(
-                        415,
-                        "UnsupportedMediaType",
-                        f"the body of the request was in an unknown format - accepted media"
-                        f" types include: application/json-patch+json,"
-                        f" application/merge-patch+json, application/strategic-merge-patch+json"
-                        f' (got "{content_type}")',
-                    )
-            except PatchError as e:
-                code = 422 if "testing value" in str(e) else 400
-                raise ApiError(code, REASONS[code], str(e)) from e
+            patched = strategic_merge_patch(old, patch)
             if not isinstance(patched, dict):
                 raise ApiError(400, "BadRequest", "the patched object is not an object")
             meta = patched.setdefault("metadata", {})
-            # A resourceVersion in the patch is a precondition; the stored one is not.
-            patch_rv = None
-            if isinstance(patch, dict):
-                patch_rv = (patch.get("metadata") or {}).get("resourceVersion")
-            elif json_patch_touches_rv(patch):
-                patch_rv = meta.get("resourceVersion")
+            patch_rv = (patch.get("metadata") or {}).get("resourceVersion")
             meta["resourceVersion"] = patch_rv or old["metadata"]["resourceVersion"]
-            if subresource != "status" and res.has_status:
-                patched["status"] = copy.deepcopy(old.get("status"))
-                if patched["status"] is None:
-                    del patched["status"]
-            return self._update_internal(
-                res, namespace, name, patched, subresource, dry_run=dry_run
-            )
+            return self._update(res, namespace, name, patched, "status")
 
-    def _delete_internal(
-        self,
-        res: Resource,
-        namespace: str,
-        name: str,
-        options: Json,
-    ) -> Json:
-        """Delete (or start deleting) one object; returns it as the real server does."""
+    def _delete(self, res: Resource, namespace: str, name: str, options: Json) -> Json:
+        """Delete one object, or mark it for deletion with its grace period (:meth:`_grace`):
+        the kubelet stops it, then removes it. Returns the object as the real server does."""
         with self._lock:
             old = self._get_stored(res, namespace, name)
             meta = old["metadata"]
-            pre = options.get("preconditions") or {}
-            if pre.get("uid") and pre["uid"] != meta.get("uid"):
-                raise ApiError(
-                    409,
-                    "Conflict",
-                    f'Operation cannot be fulfilled on {res.qualified} "{name}": Precondition'
-                    " failed:"
-                    f" UID in precondition: {pre['uid']}, UID in object meta: {meta.get('uid')}",
-                    res.details(name),
-                )
-            if pre.get("resourceVersion") and pre["resourceVersion"] != meta["resourceVersion"]:
-                raise ApiError(
-                    409,
-                    "Conflict",
-                    f'Operation cannot be fulfilled on {res.qualified} "{name}": Precondition'
-                    " failed:"
-                    f" ResourceVersion in precondition: {pre['resourceVersion']},"
-                    f" ResourceVersion in object meta: {meta['resourceVersion']}",
-                    res.details(name),
-                )
-            propagation = options.get("propagationPolicy")
-            if propagation is None and options.get("orphanDependents") is not None:
-                propagation = "Orphan" if options["orphanDependents"] else "Background"
-            propagation = propagation or "Background"
-            if propagation not in ("Background", "Foreground", "Orphan"):
+            self._check_preconditions(res, old, options.get("preconditions") or {})
+            propagation = options.get("propagationPolicy") or "Background"
+            if propagation != "Background":
                 raise invalid(
                     "DeleteOptions",
                     "",
-                    [
-                        Cause.unsupported(
-                            "propagationPolicy", propagation, ("Foreground", "Background", "Orphan")
-                        )
-                    ],
+                    [Cause.unsupported("propagationPolicy", propagation, ("Background",))],
                 )
-            grace = options.get("gracePeriodSeconds")
-            if res.name == "pods":
-                spec, status = old.get("spec") or {}, old.get("status") or {}
-                if grace is None:
-                    grace = int(spec.get("terminationGracePeriodSeconds", 30))
-                graceful = (
-                    self.kubelet_attached
-                    and bool(spec.get("nodeName"))
-                    and status.get("phase") not in _TERMINAL_PHASES
-                    and grace > 0
-                )
-                if not graceful:
-                    grace = 0
-            elif res.name == "namespaces":
-                return self._delete_namespace(name, old)
-            else:
-                graceful, grace = False, 0
-            finalizers = list(meta.get("finalizers") or [])
-            has_dependents = propagation != "Background" and bool(
-                self._dependents(meta.get("uid", ""))
-            )
-            if propagation == "Foreground" and has_dependents:
-                finalizers.append("foregroundDeletion")
-            elif propagation == "Orphan" and has_dependents:
-                finalizers.append("orphan")
-            if not graceful and not finalizers:
+            grace = self._grace(res, old, options.get("gracePeriodSeconds"))
+            if grace == 0:
                 return copy.deepcopy(
                     self._commit(res.name, (namespace, name), None, "DELETED", old)
                 )
-            # Graceful (a running pod on a kubelet) or finalizers: mark for deletion.
-            if meta.get("deletionTimestamp"):
-                current = int(meta.get("deletionGracePeriodSeconds") or 0)
-                if grace >= current and set(finalizers) == set(meta.get("finalizers") or []):
-                    return copy.deepcopy(old)
-            updated = copy.deepcopy(old)
-            umeta = updated["metadata"]
-            if not umeta.get("deletionTimestamp") or grace < int(
-                umeta.get("deletionGracePeriodSeconds") or 0
+            if meta.get("deletionTimestamp") and grace >= int(
+                meta.get("deletionGracePeriodSeconds") or 0
             ):
-                umeta["deletionTimestamp"] = rfc3339(time.time() + grace)
-                umeta["deletionGracePeriodSeconds"] = grace
-            if finalizers:
-                umeta["finalizers"] = list(dict.fromkeys(finalizers))
-            umeta["generation"] = int(umeta.get("generation", 1)) + 1
-            final = self._commit(res.name, (namespace, name), updated, "MODIFIED", old)
-            if "foregroundDeletion" in finalizers or "orphan" in finalizers:
-                self._gc_queue.put(("finalize", res.name, namespace, name))
-            self._maybe_finish_deletion(res, namespace, name)
-            return copy.deepcopy(final)
-
-    def _delete_namespace(self, name: str, old: Json) -> Json:
-        """Namespaces terminate: marked ``Terminating``, emptied by the namespace controller
-        (here the GC thread), then removed."""
-        if name in ("default", "kube-system", "kube-public"):
-            raise ApiError(
-                403,
-                "Forbidden",
-                f'namespaces "{name}" is forbidden: this namespace may not be deleted',
-                {"name": name, "kind": "namespaces"},
+                return copy.deepcopy(old)  # already marked, with no longer a grace
+            updated = copy.deepcopy(old)
+            updated["metadata"]["deletionTimestamp"] = rfc3339(time.time() + grace)
+            updated["metadata"]["deletionGracePeriodSeconds"] = grace
+            return copy.deepcopy(
+                self._commit(res.name, (namespace, name), updated, "MODIFIED", old)
             )
-        if old["metadata"].get("deletionTimestamp"):
-            return copy.deepcopy(old)
-        updated = copy.deepcopy(old)
-        updated["metadata"]["deletionTimestamp"] = rfc3339()
-        updated["metadata"]["deletionGracePeriodSeconds"] = 0
-        updated["status"] = {"phase": "Terminating"}
-        final = self._commit("namespaces", ("", name), updated, "MODIFIED", old)
-        self._gc_queue.put(("finalize", "namespaces", "", name))
-        return copy.deepcopy(final)
 
-    def _maybe_finish_deletion(self, res: Resource, namespace: str, name: str) -> None:
-        """Remove an object marked for deletion once no finalizer and no grace period hold it."""
-        obj = self._store[res.name].get((namespace, name))
-        if obj is None:
-            return
-        meta = obj["metadata"]
-        if not meta.get("deletionTimestamp") or meta.get("finalizers"):
-            return
-        if res.name == "pods" and int(meta.get("deletionGracePeriodSeconds") or 0) > 0:
-            return
-        self._commit(res.name, (namespace, name), None, "DELETED", obj)
-
-    def _dependents(self, uid: str) -> list[tuple[str, tuple[str, str], Json]]:
-        if not uid:
-            return []
-        found = []
-        for resource, objs in self._store.items():
-            for key, obj in objs.items():
-                refs = obj["metadata"].get("ownerReferences") or []
-                if any(isinstance(r, dict) and r.get("uid") == uid for r in refs):
-                    found.append((resource, key, obj))
-        return found
-
-    def _uid_exists(self, uid: str) -> bool:
-        return any(
-            obj["metadata"].get("uid") == uid
-            for objs in self._store.values()
-            for obj in objs.values()
+    def _grace(self, res: Resource, obj: Json, asked: int | None) -> int:
+        """The seconds a delete leaves the object for: a pod's grace period (the one asked,
+        else its spec's) while a kubelet is there to stop it, bound and not ended; else 0."""
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        graceful = (
+            res.name == "pods"
+            and self.kubelet_attached
+            and bool(spec.get("nodeName"))
+            and status.get("phase") not in _TERMINAL_PHASES
         )
+        if not graceful:
+            return 0
+        return int(spec.get("terminationGracePeriodSeconds", 30) if asked is None else asked)
 
-    # -- garbage collector -------------------------------------------------------------------
-
-    def _gc_loop(self) -> None:
-        while True:
-            try:
-                item = self._gc_queue.get(timeout=0.05)
-            except queue.Empty:
-                item = ("tick", "", "", "")
-            if item is None:
-                return
-            # An ApiError: raced with another deletion; the next tick sees the new state.
-            with contextlib.suppress(ApiError):
-                self._gc_step(item)
-
-    def _gc_step(self, item: tuple[str, str, str, str]) -> None:
-        kind = item[0]
-        with self._lock:
-            if self._closed:
-                return
-            if kind == "removed":
-                uid = item[1]
-                for resource, key, obj in self._dependents(uid):
-                    refs = obj["metadata"].get("ownerReferences") or []
-                    others = [r for r in refs if r.get("uid") != uid]
-                    res = RESOURCES[resource]
-                    if others and any(self._uid_exists(r.get("uid", "")) for r in others):
-                        updated = copy.deepcopy(obj)
-                        _set_owner_refs(updated, others)
-                        self._commit(resource, key, updated, "MODIFIED", obj)
-                    elif not obj["metadata"].get("deletionTimestamp"):
-                        self._delete_internal(res, key[0], key[1], {})
-            elif kind == "finalize":
-                self._gc_pending.append((item[1], item[2], item[3]))
-            still = []
-            for resource, namespace, name in self._gc_pending:
-                res = RESOURCES[resource]
-                owner = self._store[resource].get((namespace, name))
-                if owner is None:
-                    continue
-                if resource == "namespaces":
-                    contents = [
-                        (r, key, obj)
-                        for r, objs in self._store.items()
-                        for key, obj in objs.items()
-                        if RESOURCES[r].namespaced and key[0] == name
-                    ]
-                    for r, key, obj in contents:
-                        if not obj["metadata"].get("deletionTimestamp"):
-                            self._delete_internal(RESOURCES[r], key[0], key[1], {})
-                    if any(key in self._store[r] for r, key, _ in contents):
-                        still.append((resource, namespace, name))
-                    else:
-                        self._commit("namespaces", ("", name), None, "DELETED", owner)
-                    continue
-                finalizers = owner["metadata"].get("finalizers") or []
-                uid = owner["metadata"].get("uid", "")
-                dependents = self._dependents(uid)
-                if "orphan" in finalizers:
-                    for dres, dkey, dobj in dependents:
-                        updated = copy.deepcopy(dobj)
-                        _set_owner_refs(
-                            updated,
-                            [r for r in dobj["metadata"]["ownerReferences"] if r.get("uid") != uid],
-                        )
-                        self._commit(dres, dkey, updated, "MODIFIED", dobj)
-                    dependents = []
-                    self._drop_finalizer(res, namespace, name, "orphan")
-                elif "foregroundDeletion" in finalizers:
-                    for dres, dkey, dobj in dependents:
-                        if not dobj["metadata"].get("deletionTimestamp"):
-                            self._delete_internal(
-                                RESOURCES[dres],
-                                dkey[0],
-                                dkey[1],
-                                {"propagationPolicy": "Foreground"},
-                            )
-                    if not self._dependents(uid):
-                        self._drop_finalizer(res, namespace, name, "foregroundDeletion")
-                    else:
-                        still.append((resource, namespace, name))
-            self._gc_pending = still
-
-    def _drop_finalizer(self, res: Resource, namespace: str, name: str, finalizer: str) -> None:
-        obj = self._store[res.name].get((namespace, name))
-        if obj is None:
-            return
-        updated = copy.deepcopy(obj)
-        remaining = [f for f in obj["metadata"].get("finalizers") or [] if f != finalizer]
-        if remaining:
-            updated["metadata"]["finalizers"] = remaining
-        else:
-            updated["metadata"].pop("finalizers", None)
-        self._commit(res.name, (namespace, name), updated, "MODIFIED", obj)
-        self._maybe_finish_deletion(res, namespace, name)
+    def _check_preconditions(self, res: Resource, obj: Json, pre: Json) -> None:
+        meta, name = obj["metadata"], obj["metadata"]["name"]
+        for field_name, key in (("UID", "uid"), ("ResourceVersion", "resourceVersion")):
+            if pre.get(key) and pre[key] != meta.get(key):
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {res.qualified} "{name}": Precondition'
+                    f" failed: {field_name} in precondition: {pre[key]}, {field_name} in object"
+                    f" meta: {meta.get(key)}",
+                    res.details(name),
+                )
 
     # -- lists and watches -------------------------------------------------------------------
 
-    def _select(
-        self,
-        res: Resource,
-        namespace: str,
-        labels: list[Requirement],
-        fields: list[tuple[str, str, str]],
-    ) -> list[tuple[tuple[str, str], Json]]:
-        out = []
-        for key, obj in sorted(self._store[res.name].items()):
-            if namespace and key[0] != namespace:
-                continue
-            if labels_match(labels, obj["metadata"].get("labels")) and fields_match(
-                res.name, fields, obj
-            ):
-                out.append((key, obj))
-        return out
+    def _select(self, res: Resource, namespace: str, labels: list[Requirement]) -> list[Json]:
+        return [
+            obj
+            for key, obj in sorted(self._store[res.name].items())
+            if (not namespace or key[0] == namespace)
+            and labels_match(labels, obj["metadata"].get("labels"))
+        ]
 
     def _list(
         self, res: Resource, namespace: str, query: Mapping[str, str]
     ) -> tuple[Json, list[Json]]:
-        labels = parse_label_selector(query.get("labelSelector", ""))
-        fields = parse_field_selector(query.get("fieldSelector", ""))
-        check_fields(res.name, fields)
+        labels = _selectors(query)
         with self._lock:
-            selected = self._select(res, namespace, labels, fields)
-            rv = self._rv
-            token = query.get("continue")
-            if token:
-                try:
-                    state = json.loads(base64.b64decode(token))
-                    start, token_rv = state["start"], int(state["rv"])
-                except (ValueError, KeyError, TypeError) as e:
-                    raise ApiError(400, "BadRequest", f"continue key is not valid: {e}") from e
-                if token_rv < self._compacted_rv:
-                    raise ApiError(
-                        410,
-                        "Expired",
-                        "The provided continue parameter is too old to display a consistent"
-                        " list result. You can start a new list without the continue"
-                        " parameter, or use the continue token in this response to retrieve"
-                        " the remainder of the results. Continuing with the provided token"
-                        " results in an inconsistent list - objects that were created,"
-                        " modified, or deleted between the time the first chunk was returned"
-                        " and now may show up in the list.",
-                    )
-                rv = token_rv
-                selected = [(k, o) for k, o in selected if "/".join(k) > start]
+            selected = self._select(res, namespace, labels)
             limit = int(query.get("limit") or 0)
-            meta: Json = {"resourceVersion": str(rv)}
-            if limit > 0 and len(selected) > limit:
-                last = "/".join(selected[limit - 1][0])
-                meta["continue"] = base64.b64encode(
-                    json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": last}).encode()
-                ).decode()
-                if not labels and not fields:
-                    meta["remainingItemCount"] = len(selected) - limit
-                selected = selected[:limit]
-            return meta, [copy.deepcopy(o) for _, o in selected]
+            if 0 < limit < len(selected):
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f"a list of {len(selected)} with limit {limit}: the fake API server does not"
+                    " paginate",
+                )
+            return {"resourceVersion": str(self._rv)}, copy.deepcopy(selected)
 
-    def _bookmark(self, resource: str) -> Json:
-        res = RESOURCES[resource]
+    def _bookmark(self, res: Resource) -> Json:
         return {
             "kind": res.kind,
             "apiVersion": res.api_version,
             "metadata": {"resourceVersion": str(self._rv)},
         }
 
-    def _open_watch(
-        self, res: Resource, namespace: str, query: Mapping[str, str], from_kubelet: bool
-    ) -> _Watcher:
-        labels = parse_label_selector(query.get("labelSelector", ""))
-        fields = parse_field_selector(query.get("fieldSelector", ""))
-        check_fields(res.name, fields)
-        watcher = _Watcher(res.name, namespace, labels, fields, from_kubelet)
+    def _open_watch(self, res: Resource, namespace: str, query: Mapping[str, str]) -> _Watcher:
+        """A watch from ``resourceVersion`` (the events since, or ERROR 410 once they are
+        compacted away), or without one from the current objects, each as ADDED."""
+        labels = _selectors(query)
         bookmarks = query.get("allowWatchBookmarks") in ("1", "true", "True")
-        watcher.bookmarks = bookmarks
+        watcher = _Watcher(res.name, namespace, labels, bookmarks)
         rv_text = query.get("resourceVersion", "")
         with self._lock:
             if self._closed:
                 watcher.close()
                 return watcher
-            send_initial = query.get("sendInitialEvents") in ("1", "true", "True")
-            if rv_text in ("", "0") or send_initial:
-                for _, obj in self._select(res, namespace, labels, fields):
+            if rv_text in ("", "0"):
+                for obj in self._select(res, namespace, labels):
                     watcher.send("ADDED", obj)
-                if send_initial and bookmarks:
-                    mark = self._bookmark(res.name)
-                    mark["metadata"]["annotations"] = {"k8s.io/initial-events-end": "true"}
-                    watcher.send("BOOKMARK", mark)
             else:
                 try:
                     since = int(rv_text)
@@ -2827,19 +1762,10 @@ class FakeApiServer:
     # -- authorization and faults ------------------------------------------------------------
 
     def _authorize(self, info: _RequestInfo) -> None:
-        if not info.is_resource:
-            return
-        target = f"{info.resource}/{info.subresource}" if info.subresource else info.resource
         with self._lock:
-            denied = (info.verb, target) in self._forbidden
-            rules = self._rules
-        if not denied and rules is not None:
-            denied = not any(_rule_allows(rule, info, target) for rule in rules)
-        if not denied:
+            denied = (info.verb, info.target) in self._forbidden
+        if not info.is_resource or not denied:
             return
-        scope = (
-            f' in the namespace "{info.namespace}"' if info.namespace else " at the cluster scope"
-        )
         subject = f'{info.resource} "{info.name}"' if info.name else info.resource
         details: Json = {"kind": info.resource}
         if info.name:
@@ -2849,148 +1775,59 @@ class FakeApiServer:
         raise ApiError(
             403,
             "Forbidden",
-            f'{subject} is forbidden: User "{self.user}" cannot {info.verb} resource'
-            f' "{target}" in API group "{info.group}"{scope}',
+            f'{subject} is forbidden: User "{USER}" cannot {info.verb} resource'
+            f' "{info.target}" in API group "{info.group}" in the namespace "{info.namespace}"',
             details,
         )
 
-    def _take_fault(self, info: _RequestInfo) -> tuple[float, _Fault | None]:
-        """(delay, the fault to apply) for a request; consumes counted faults."""
+    def _take_fault(self, info: _RequestInfo) -> _Fault | None:
+        """The fault to apply to a request, if any; consumes a counted one."""
         now = time.monotonic()
-        delay, chosen = 0.0, None
         with self._lock:
             self._faults = [
                 f
                 for f in self._faults
                 if f.until > now and (f.remaining is None or f.remaining > 0)
             ]
-            for fault in self._faults:
-                if not fault.applies(info):
-                    continue
-                if fault.kind == "slow":
-                    delay = max(delay, fault.delay_s)
-                elif chosen is None:
-                    chosen = fault
-                    if fault.remaining is not None:
-                        fault.remaining -= 1
-        return delay, chosen
+            fault = next((f for f in self._faults if f.applies(info)), None)
+            if fault is not None and fault.remaining is not None:
+                fault.remaining -= 1
+        return fault
 
 
-def json_patch_touches_rv(ops: Any) -> bool:
-    return isinstance(ops, list) and any(
-        isinstance(op, dict) and str(op.get("path", "")).startswith("/metadata/resourceVersion")
-        for op in ops
-    )
-
-
-def _rule_allows(rule: Json, info: _RequestInfo, target: str) -> bool:
-    groups, resources = rule.get("apiGroups") or [], rule.get("resources") or []
-    verbs, names = rule.get("verbs") or [], rule.get("resourceNames") or []
-    if "*" not in groups and info.group not in groups:
-        return False
-    if "*" not in resources and target not in resources:
-        return False
-    if "*" not in verbs and info.verb not in verbs:
-        return False
-    return not names or info.name in names
-
-
-def _set_owner_refs(obj: Json, refs: list[Json]) -> None:
-    if refs:
-        obj["metadata"]["ownerReferences"] = refs
-    else:  # an empty list is omitted, as Go's omitempty does
-        obj["metadata"].pop("ownerReferences", None)
-
-
-def _node_condition(kind: str, status: str, reason: str, now: str) -> Json:
-    messages = {
-        "KubeletReady": "kubelet is posting ready status",
-        "KubeletHasSufficientMemory": "kubelet has sufficient memory available",
-        "KubeletHasNoDiskPressure": "kubelet has no disk pressure",
-        "KubeletHasSufficientPID": "kubelet has sufficient PID available",
-    }
-    return {
-        "type": kind,
-        "status": status,
-        "lastHeartbeatTime": now,
-        "lastTransitionTime": now,
-        "reason": reason,
-        "message": messages.get(reason, reason),
-    }
-
-
-def _fold_secret(secret: Json) -> None:
-    """``stringData`` is write-only: merged into ``data`` (base64), as the real server does."""
-    secret.setdefault("type", "Opaque")
-    data = secret.get("data") or {}
-    for key, value in data.items():
-        try:
-            base64.b64decode(value, validate=True)
-        except (ValueError, TypeError) as e:
-            raise ApiError(
-                400,
-                "BadRequest",
-                f'Secret in version "v1" cannot be handled as a Secret: illegal base64 data in'
-                f" data[{key}]",
-            ) from e
-    for key, value in (secret.pop("stringData", None) or {}).items():
-        data[key] = base64.b64encode(str(value).encode()).decode()
-    if data:
-        secret["data"] = data
+def _selectors(query: Mapping[str, str]) -> list[Requirement]:
+    if query.get("fieldSelector"):
+        raise SelectorError("field selectors are not served by the fake API server")
+    return parse_label_selector(query.get("labelSelector", ""))
 
 
 # --------------------------------------------------------------------------------------------
 # HTTP
 
 
-def _parse_query(raw: str) -> dict[str, str]:
-    return {k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()}
-
-
 def route(method: str, path: str, query: dict[str, str]) -> _RequestInfo:
     """Where a request goes, with its RBAC verb (the real server's RequestInfo)."""
-    info = _RequestInfo(method, path, query)
+    info = _RequestInfo(method, path, query, verb=method.lower())
     parts = [p for p in path.split("/") if p]
-    info.verb = method.lower()
-    if not parts or parts[0] not in ("api", "apis"):
-        return info
-    if parts[0] == "api":
-        if len(parts) < 3:
-            info.version = parts[1] if len(parts) == 2 else ""
-            return info
+    if parts[:1] == ["api"] and len(parts) >= 3:
         info.version, rest = parts[1], parts[2:]
-    else:
-        if len(parts) < 4:
-            info.group = parts[1] if len(parts) > 1 else ""
-            info.version = parts[2] if len(parts) > 2 else ""
-            return info
+    elif parts[:1] == ["apis"] and len(parts) >= 4:
         info.group, info.version, rest = parts[1], parts[2], parts[3:]
+    else:
+        return info  # discovery, /version
     info.is_resource = True
-    watch_path = rest[0] == "watch"
-    if watch_path:
-        rest = rest[1:]
-    if (
-        len(rest) >= 3
-        and rest[0] == "namespaces"
-        and not (len(rest) == 3 and rest[2] in ("status", "finalize"))
-    ):
+    if len(rest) >= 3 and rest[0] == "namespaces":
         info.namespace, rest = rest[1], rest[2:]
-    info.resource = rest[0] if rest else ""
+    info.resource = rest[0]
     info.name = rest[1] if len(rest) > 1 else ""
-    info.subresource = "/".join(rest[2:]) if len(rest) > 2 else ""
-    if info.resource == "namespaces" and info.name:
-        info.namespace = info.name
-    info.watch = watch_path or query.get("watch", "") in ("1", "true", "True")
-    verbs = {"POST": "create", "PUT": "update", "PATCH": "patch"}
+    info.subresource = "/".join(rest[2:])
+    info.watch = query.get("watch", "") in ("1", "true", "True")
     if method == "GET":
-        if info.watch:
-            info.verb = "watch"
-        else:
-            info.verb = "get" if info.name else "list"
+        info.verb = "watch" if info.watch else ("get" if info.name else "list")
     elif method == "DELETE":
         info.verb = "delete" if info.name else "deletecollection"
     else:
-        info.verb = verbs.get(method, method.lower())
+        info.verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, info.verb)
     return info
 
 
@@ -3029,64 +1866,40 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_json(self, code: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
         data = json.dumps(body, separators=(",", ":")).encode()
-        self._send_bytes(code, data, "application/json", headers)
-
-    def _send_bytes(
-        self,
-        code: int,
-        data: bytes,
-        content_type: str,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
         self._record(code)  # before the client can see the response
         self.send_response(code)
-        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "no-cache, private")
-        self.send_header("Audit-Id", str(uuid.uuid4()))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(data)
 
-    def _read_body(self) -> bytes:
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length > 0 else b""
-
     def _serve(self, method: str) -> None:
         split = urlsplit(self.path)
-        query = _parse_query(split.query)
+        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         info = route(method, split.path, query)
-        body = self._read_body()
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length > 0 else b""
         from_kubelet = self.headers.get(KUBELET_HEADER) is not None
         self._info, self._from_kubelet, self._recorded = info, from_kubelet, False
         try:
-            if not (from_kubelet and self.api.faults_exempt_kubelet):
-                delay, fault = self.api._take_fault(info)
-                if delay:
-                    time.sleep(delay)
-                if fault is not None and fault.kind == "reset":
-                    self._record(0)
-                    self.close_connection = True
-                    with contextlib.suppress(OSError):
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                    return
+            if not from_kubelet:
+                fault = self.api._take_fault(info)
                 if fault is not None:
-                    error = status_error(fault.code, fault.message)
-                    if fault.retry_after is not None or fault.code == 429:
-                        retry = fault.retry_after if fault.retry_after is not None else 1
-                        error.headers["Retry-After"] = str(retry)
-                        error.details = {"retryAfterSeconds": retry}
-                    raise error
+                    raise fault.error()
+                self.api._authorize(info)
             if self.api.closed:
                 raise status_error(503, "the server is shutting down")
-            self._authenticate()
-            if not from_kubelet:
-                self.api._authorize(info)
-            if info.watch and method == "GET":
-                self._serve_watch(info, from_kubelet)
-                return
-            self._dispatch(info, body)
+            if not info.is_resource:
+                self._discovery(info.path.rstrip("/"))
+            elif info.group == METRICS_GROUP:
+                self._metrics(info)
+            elif info.watch and method == "GET":
+                self._serve_watch(info)
+            else:
+                self._dispatch(info, body)
         except ApiError as e:
             with contextlib.suppress(OSError):
                 self._send_json(e.code, e.status(), e.headers)
@@ -3114,186 +1927,74 @@ class _Handler(BaseHTTPRequestHandler):
             ApiCall(
                 verb=info.verb,
                 api_group=info.group,
-                api_version=info.version,
                 resource=info.resource,
                 subresource=info.subresource,
                 namespace=info.namespace,
                 name=info.name,
-                user_agent=self.headers.get("User-Agent", ""),
                 code=code,
                 from_kubelet=self._from_kubelet,
                 method=info.method,
                 path=self.path,
-                at=time.time(),
             )
         )
 
-    def _authenticate(self) -> None:
-        if self.api.token is None:
-            return
-        if self.headers.get("Authorization", "") != f"Bearer {self.api.token}":
-            raise ApiError(401, "Unauthorized", "Unauthorized")
+    # -- routes ------------------------------------------------------------------------------
+
+    def _resource(self, info: _RequestInfo) -> Resource:
+        """The served resource a request names, its verb served on it; else 404 or 405."""
+        res = resource_for(info.group, info.version, info.resource)
+        if res is None or (info.subresource and info.subresource not in res.subresources):
+            raise ApiError(404, "NotFound", NOT_FOUND, {})
+        if not info.namespace and (info.name or info.verb not in ("list", "watch")):
+            raise ApiError(404, "NotFound", NOT_FOUND)
+        if info.verb not in res.verbs_of(info.subresource):
+            raise not_served(f"{info.verb} on {res.qualified}")
+        return res
+
+    def _dispatch(self, info: _RequestInfo, body: bytes) -> None:
+        res = self._resource(info)
+        api, namespace, name = self.api, info.namespace, info.name
+        if info.verb == "get":
+            with api._lock:
+                obj = copy.deepcopy(api._get_stored(res, namespace, name))
+            if self._accepts_table():
+                table = pod_table([obj], info.query.get("includeObject", "Metadata"), {})
+                self._send_json(200, table)
+            else:
+                self._send_json(200, obj)
+        elif info.verb == "list":
+            meta, items = api._list(res, namespace, info.query)
+            if self._accepts_table():
+                table = pod_table(items, info.query.get("includeObject", "Metadata"), meta)
+                self._send_json(200, table)
+                return
+            for item in items:
+                item.pop("kind", None)
+                item.pop("apiVersion", None)
+            listing = {"kind": f"{res.kind}List", "apiVersion": res.api_version}
+            self._send_json(200, {**listing, "metadata": meta, "items": items})
+        elif info.verb == "create" and info.subresource == "binding":
+            self._bind(namespace, name, self._json_body(body))
+        elif info.verb == "create":
+            self._send_json(201, api._create(res, self._json_body(body), namespace))
+        elif info.verb == "update":
+            obj = api._update(res, namespace, name, self._json_body(body), info.subresource)
+            self._send_json(200, obj)
+        elif info.verb == "patch":
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            self._send_json(
+                200, api._patch(res, namespace, name, content_type, self._json_body(body))
+            )
+        else:  # delete
+            options = self._json_body(body)
+            if "gracePeriodSeconds" in info.query and options.get("gracePeriodSeconds") is None:
+                options["gracePeriodSeconds"] = int(info.query["gracePeriodSeconds"])
+            if "propagationPolicy" in info.query and not options.get("propagationPolicy"):
+                options["propagationPolicy"] = info.query["propagationPolicy"]
+            self._send_json(200, api._delete(res, namespace, name, options))
 
     def _accepts_table(self) -> bool:
         return "as=Table" in self.headers.get("Accept", "")
-
-    def _check_accept(self) -> None:
-        accept = self.headers.get("Accept", "")
-        if accept and not any(
-            t in accept for t in ("application/json", "*/*", "application/*", "text/plain")
-        ):
-            raise ApiError(
-                406,
-                "NotAcceptable",
-                "only the following media types are accepted: application/json, application/yaml",
-            )
-
-    # -- routes ------------------------------------------------------------------------------
-
-    def _dispatch(self, info: _RequestInfo, body: bytes) -> None:
-        path = info.path.rstrip("/")
-        if not info.is_resource:
-            self._discovery(path)
-            return
-        self._check_accept()
-        if info.group == METRICS_GROUP:
-            self._metrics(info)
-            return
-        found = resource_for(info.group, info.version, info.resource)
-        if found is None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        res = found
-        if res.namespaced and not info.namespace and info.name:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        namespace = info.namespace if res.namespaced else ""
-        if info.subresource and info.subresource not in res.subresources:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        method = info.method
-        query = info.query
-        dry_run = query.get("dryRun") == "All"
-        if method == "GET":
-            if info.subresource == "log":
-                self._pod_log(namespace, info.name, query)
-            elif info.name:
-                with self.api._lock:
-                    obj = copy.deepcopy(self.api._get_stored(res, namespace, info.name))
-                if self._accepts_table():
-                    self._send_json(
-                        200,
-                        make_table(
-                            res.name,
-                            [obj],
-                            query.get("includeObject", "Metadata"),
-                            {"resourceVersion": str(self.api._rv)},
-                        ),
-                    )
-                else:
-                    self._send_json(200, obj)
-            else:
-                meta, items = self.api._list(res, namespace, query)
-                if self._accepts_table():
-                    self._send_json(
-                        200,
-                        make_table(res.name, items, query.get("includeObject", "Metadata"), meta),
-                    )
-                else:
-                    for item in items:
-                        item.pop("kind", None)
-                        item.pop("apiVersion", None)
-                    self._send_json(
-                        200,
-                        {
-                            "kind": res.list_kind,
-                            "apiVersion": res.api_version,
-                            "metadata": meta,
-                            "items": items,
-                        },
-                    )
-            return
-        payload = self._json_body(body)
-        if method == "POST":
-            if info.subresource == "binding":
-                self._bind(namespace, info.name, payload)
-            elif info.subresource == "eviction":
-                self._evict(namespace, info.name, payload)
-            elif info.name:
-                raise ApiError(
-                    405,
-                    "MethodNotAllowed",
-                    "the server does not allow this method on the requested resource",
-                )
-            else:
-                obj = self.api._create_internal(res.name, payload, namespace, dry_run)
-                self._send_json(201, obj)
-        elif method == "PUT":
-            if not info.name:
-                raise ApiError(
-                    405,
-                    "MethodNotAllowed",
-                    "the server does not allow this method on the requested resource",
-                )
-            obj = self.api._update_internal(
-                res,
-                namespace,
-                info.name,
-                payload,
-                info.subresource,
-                require_rv=True,
-                dry_run=dry_run,
-            )
-            self._send_json(200, obj)
-        elif method == "PATCH":
-            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            if content_type == "application/apply-patch+yaml":
-                raise ApiError(
-                    415,
-                    "UnsupportedMediaType",
-                    "server-side apply is not supported by the fake API server",
-                )
-            obj = self.api._patch_internal(
-                res, namespace, info.name, content_type, payload, info.subresource, dry_run
-            )
-            self._send_json(200, obj)
-        elif method == "DELETE":
-            options = payload if isinstance(payload, dict) else {}
-            for key in ("gracePeriodSeconds",):
-                if key in query and options.get(key) is None:
-                    options[key] = int(query[key])
-            for key in ("propagationPolicy",):
-                if key in query and not options.get(key):
-                    options[key] = query[key]
-            if "orphanDependents" in query and options.get("orphanDependents") is None:
-                options["orphanDependents"] = query["orphanDependents"] in ("true", "1")
-            if info.name:
-                obj = self.api._delete_internal(res, namespace, info.name, options)
-                legacy = options.get("orphanDependents") is False
-                with self.api._lock:
-                    still = (namespace, info.name) in self.api._store[res.name]
-                self._send_json(202 if legacy and still else 200, obj)
-            else:
-                meta, items = self.api._list(res, namespace, query)
-                deleted = []
-                for item in items:
-                    with contextlib.suppress(ApiError):
-                        deleted.append(
-                            self.api._delete_internal(
-                                res,
-                                namespace or item["metadata"].get("namespace", ""),
-                                item["metadata"]["name"],
-                                dict(options),
-                            )
-                        )
-                self._send_json(
-                    200,
-                    {
-                        "kind": res.list_kind,
-                        "apiVersion": res.api_version,
-                        "metadata": {"resourceVersion": str(self.api._rv)},
-                        "items": deleted,
-                    },
-                )
-        else:
-            raise ApiError(405, "MethodNotAllowed", "method not allowed")
 
     def _json_body(self, body: bytes) -> Any:
         if not body:
@@ -3304,91 +2005,47 @@ class _Handler(BaseHTTPRequestHandler):
             raise ApiError(400, "BadRequest", f"the request body is not valid JSON: {e}") from e
 
     def _discovery(self, path: str) -> None:
+        """What kubectl reads before it acts: the version and the resources served."""
         api = self.api
-        if path in ("/healthz", "/livez", "/readyz"):
-            self._send_bytes(200, b"ok", "text/plain; charset=utf-8")
-        elif path == "/version":
-            self._send_json(200, SERVER_VERSION)
-        elif path == "/api":
-            self._send_json(
-                200,
-                {
-                    "kind": "APIVersions",
-                    "versions": ["v1"],
-                    "serverAddressByClientCIDRs": [
-                        {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{api.port}"}
-                    ],
-                },
-            )
-        elif path == "/api/v1":
-            self._send_json(200, _api_resource_list())
-        elif path == "/apis":
-            cv = {"groupVersion": f"{COORDINATION_GROUP}/v1", "version": "v1"}
-            groups = [{"name": COORDINATION_GROUP, "versions": [cv], "preferredVersion": cv}]
-            if api.serve_metrics:
-                gv = {
-                    "groupVersion": f"{METRICS_GROUP}/{METRICS_VERSION}",
-                    "version": METRICS_VERSION,
-                }
-                groups.append({"name": METRICS_GROUP, "versions": [gv], "preferredVersion": gv})
-            self._send_json(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
-        elif path == f"/apis/{COORDINATION_GROUP}":
-            cv = {"groupVersion": f"{COORDINATION_GROUP}/v1", "version": "v1"}
-            self._send_json(
-                200,
-                {
-                    "kind": "APIGroup",
-                    "apiVersion": "v1",
-                    "name": COORDINATION_GROUP,
-                    "versions": [cv],
-                    "preferredVersion": cv,
-                },
-            )
-        elif path == f"/apis/{COORDINATION_GROUP}/v1":
-            self._send_json(200, _api_resource_list(COORDINATION_GROUP))
-        elif path == f"/apis/{METRICS_GROUP}" and api.serve_metrics:
-            gv = {"groupVersion": f"{METRICS_GROUP}/{METRICS_VERSION}", "version": METRICS_VERSION}
-            self._send_json(
-                200,
-                {
-                    "kind": "APIGroup",
-                    "apiVersion": "v1",
-                    "name": METRICS_GROUP,
-                    "versions": [gv],
-                    "preferredVersion": gv,
-                },
-            )
-        elif path == f"/apis/{METRICS_GROUP}/{METRICS_VERSION}" and api.serve_metrics:
-            self._send_json(200, _metrics_resource_list())
-        else:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
+        groups = [_api_group(COORDINATION_GROUP, "v1")]
+        if api.serve_metrics:
+            groups.append(_api_group(METRICS_GROUP, METRICS_VERSION))
+        bodies = {
+            "/version": SERVER_VERSION,
+            "/api": {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [
+                    {"clientCIDR": "0.0.0.0/0", "serverAddress": f"127.0.0.1:{api.port}"}
+                ],
+            },
+            "/api/v1": _api_resource_list(),
+            "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups},
+            f"/apis/{COORDINATION_GROUP}/v1": _api_resource_list(COORDINATION_GROUP),
+        }
+        if api.serve_metrics:
+            bodies[f"/apis/{METRICS_GROUP}/{METRICS_VERSION}"] = _metrics_resource_list()
+        if path not in bodies:
+            raise ApiError(404, "NotFound", NOT_FOUND, {})
+        self._send_json(200, bodies[path])
 
     def _metrics(self, info: _RequestInfo) -> None:
+        """``metrics.k8s.io`` PodMetrics, listed by label selector: what the backend reads."""
         api = self.api
-        if not api.serve_metrics or info.version != METRICS_VERSION:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        if info.resource != "pods" or info.method != "GET" or info.watch:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource", {})
-        labels = parse_label_selector(info.query.get("labelSelector", ""))
+        if not api.serve_metrics or info.version != METRICS_VERSION or info.resource != "pods":
+            raise ApiError(404, "NotFound", NOT_FOUND, {})
+        if info.verb != "list" or not info.namespace:
+            raise not_served(f"{info.verb} on pods.{METRICS_GROUP}")
+        labels = _selectors(info.query)
         with api._lock:
-            if info.name:
-                found = api._pod_metrics(info.namespace, info.name)
-                if found is None:
-                    raise ApiError(
-                        404,
-                        "NotFound",
-                        f'podmetrics.metrics.k8s.io "{info.name}" not found',
-                        {"name": info.name, "group": METRICS_GROUP, "kind": "pods"},
-                    )
-                self._send_json(200, found)
-                return
-            items = []
-            for ns, name in sorted(api._metrics):
-                if info.namespace and ns != info.namespace:
-                    continue
-                found = api._pod_metrics(ns, name)
-                if found is not None and labels_match(labels, found["metadata"]["labels"]):
-                    items.append(found)
+            found = [api._pod_metrics(ns, name) for ns, name in sorted(api._metrics)]
+        items = [
+            m
+            for m in found
+            if m is not None
+            and m["metadata"]["namespace"] == info.namespace
+            and labels_match(labels, m["metadata"]["labels"])
+        ]
         self._send_json(
             200,
             {
@@ -3399,36 +2056,20 @@ class _Handler(BaseHTTPRequestHandler):
             },
         )
 
-    def _pod_log(self, namespace: str, name: str, query: Mapping[str, str]) -> None:
-        api = self.api
-        with api._lock:
-            api._get_stored(RESOURCES["pods"], namespace, name)
-        provider = api.log_provider
-        text = provider(namespace, name) if provider is not None else None
-        if text is None:
-            raise ApiError(
-                400, "BadRequest", f'container in pod "{name}" is waiting to start: no logs yet'
-            )
-        tail = query.get("tailLines")
-        if tail:
-            lines = text.splitlines(keepends=True)
-            text = "".join(lines[-int(tail) :]) if int(tail) > 0 else ""
-        self._send_bytes(200, text.encode(), "text/plain")
-
     def _bind(self, namespace: str, name: str, binding: Json) -> None:
+        """Assign a pod to a node, as the scheduler does: ``spec.nodeName`` and the
+        ``PodScheduled`` condition."""
         api = self.api
         target = (binding.get("target") or {}).get("name")
         if not target:
             raise invalid("Binding", name, [Cause.required("target.name")])
-        res = RESOURCES["pods"]
         with api._lock:
-            pod = api._get_stored(res, namespace, name)
-            if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            pod = api._get_stored(RESOURCES["pods"], namespace, name)
+            if pod["metadata"].get("deletionTimestamp"):
                 raise ApiError(
                     409, "Conflict", f"pod {name} is being deleted, cannot be assigned to a host"
                 )
-            current = (pod.get("spec") or {}).get("nodeName")
-            if current:
+            if current := pod["spec"].get("nodeName"):
                 raise ApiError(
                     409,
                     "Conflict",
@@ -3438,120 +2079,46 @@ class _Handler(BaseHTTPRequestHandler):
             updated = copy.deepcopy(pod)
             updated["spec"]["nodeName"] = target
             status = updated.setdefault("status", {})
-            conditions = [
-                c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"
-            ]
-            conditions.insert(
-                0,
-                {
-                    "type": "PodScheduled",
-                    "status": "True",
-                    "lastProbeTime": None,
-                    "lastTransitionTime": rfc3339(),
-                },
-            )
-            status["conditions"] = conditions
+            scheduled = {
+                "type": "PodScheduled",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": rfc3339(),
+            }
+            others = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+            status["conditions"] = [scheduled, *others]
             api._commit("pods", (namespace, name), updated, "MODIFIED", pod)
-        self._send_json(
-            201,
-            {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Success",
-                "code": 201,
-            },
-        )
+        success = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+        self._send_json(201, {**success, "code": 201})
 
-    def _evict(self, namespace: str, name: str, eviction: Json) -> None:
-        """The Eviction API (no PodDisruptionBudgets): a DisruptionTarget condition, then a
-        delete with the eviction's options."""
+    def _serve_watch(self, info: _RequestInfo) -> None:
+        """Chunked newline-delimited events until ``timeoutSeconds``, :meth:`expire_watches`
+        or the server's close; a BOOKMARK every ``bookmark_interval_s`` when allowed."""
         api = self.api
-        res = RESOURCES["pods"]
-        with api._lock:
-            pod = api._get_stored(res, namespace, name)
-            status = pod.get("status") or {}
-            if status.get("phase") not in _TERMINAL_PHASES:
-                updated = copy.deepcopy(pod)
-                add_condition(
-                    updated,
-                    "DisruptionTarget",
-                    "True",
-                    "EvictionByEvictionAPI",
-                    "Eviction API: evicting",
-                )
-                api._commit("pods", (namespace, name), updated, "MODIFIED", pod)
-            api._delete_internal(res, namespace, name, eviction.get("deleteOptions") or {})
-        self._send_json(
-            201,
-            {
-                "kind": "Status",
-                "apiVersion": "v1",
-                "metadata": {},
-                "status": "Success",
-                "code": 201,
-            },
-        )
-
-    def _serve_watch(self, info: _RequestInfo, from_kubelet: bool) -> None:
-        api = self.api
-        found = resource_for(info.group, info.version, info.resource)
-        if info.group == METRICS_GROUP or found is None:
-            raise ApiError(
-                405 if info.group == METRICS_GROUP else 404,
-                REASONS[405 if info.group == METRICS_GROUP else 404],
-                "the server does not allow this method on the requested resource",
-            )
-        res = found
-        namespace = info.namespace if res.namespaced else ""
-        query = dict(info.query)
-        if info.name:  # the legacy /watch/.../NAME path
-            query["fieldSelector"] = ",".join(
-                x for x in (query.get("fieldSelector", ""), f"metadata.name={info.name}") if x
-            )
-        watcher = api._open_watch(res, namespace, query, from_kubelet)
-        timeout = float(query.get("timeoutSeconds") or 0)
+        res = self._resource(info)
+        watcher = api._open_watch(res, info.namespace, info.query)
+        timeout = float(info.query.get("timeoutSeconds") or 0)
         deadline = time.monotonic() + timeout if timeout > 0 else math.inf
         self._record(200)
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.send_header("Cache-Control", "no-cache, private")
-        self.send_header("Audit-Id", str(uuid.uuid4()))
         self.end_headers()
-        bookmarks = watcher.bookmarks
         next_mark = time.monotonic() + api.bookmark_interval_s
         try:
-            while True:
-                now = time.monotonic()
-                if now >= deadline:
-                    break
-                wait = min(deadline - now, 0.25)
+            while (wait := min(deadline - time.monotonic(), 0.25)) > 0:
                 try:
                     line = watcher.queue.get(timeout=wait)
                 except queue.Empty:
                     if api.closed:
                         break
-                    if bookmarks and time.monotonic() >= next_mark:
+                    if watcher.bookmarks and time.monotonic() >= next_mark:
                         with api._lock:
-                            mark = api._bookmark(res.name)
-                        watcher.send("BOOKMARK", mark)
+                            watcher.send("BOOKMARK", api._bookmark(res))
                         next_mark = time.monotonic() + api.bookmark_interval_s
                     continue
-                if line == _Watcher._CLOSE:
-                    break
-                # Batch what is already queued into one write.
-                chunk = [line]
-                closing = False
-                while len(chunk) < 256:
-                    try:
-                        more = watcher.queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if more == _Watcher._CLOSE:
-                        closing = True
-                        break
-                    chunk.append(more)
+                chunk, closing = self._drain(watcher, line)
                 for item in chunk:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(item), item))
                 if closing:
@@ -3564,30 +2131,18 @@ class _Handler(BaseHTTPRequestHandler):
             if api.closed:
                 self.close_connection = True
 
-
-def add_condition(pod: Json, kind: str, status: str, reason: str, message: str) -> None:
-    """Set (replace) a pod condition in place."""
-    pod_status = pod.setdefault("status", {})
-    conditions = [c for c in pod_status.get("conditions") or [] if c.get("type") != kind]
-    conditions.append(
-        {
-            "type": kind,
-            "status": status,
-            "lastProbeTime": None,
-            "lastTransitionTime": rfc3339(),
-            "reason": reason,
-            "message": message,
-        }
-    )
-    pod_status["conditions"] = conditions
-
-
-def iter_watch_lines(stream: Iterator[bytes]) -> Iterator[Json]:
-    """Decode newline-delimited watch events from a byte stream (for tests)."""
-    buffer = b""
-    for chunk in stream:
-        buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            if line.strip():
-                yield json.loads(line)
+    @staticmethod
+    def _drain(watcher: _Watcher, first: bytes) -> tuple[list[bytes], bool]:
+        """``first`` and what is already queued behind it (one write for a burst), and
+        whether the watch is to end after them."""
+        chunk: list[bytes] = []
+        line = first
+        while line != _Watcher._CLOSE:
+            chunk.append(line)
+            if len(chunk) >= 256:
+                return chunk, False
+            try:
+                line = watcher.queue.get_nowait()
+            except queue.Empty:
+                return chunk, False
+        return chunk, True

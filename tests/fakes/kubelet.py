@@ -5,15 +5,19 @@ Like a real kubelet it talks to the API server over HTTP only (its requests carr
 ``X-Fake-Kubelet``, which exempts them from the server's injected faults and authorization and
 marks them ``from_kubelet`` in its audit log): it lists and watches pods (relisting after a 410),
 binds unscheduled pods to its node (``pods/NAME/binding``), resolves the first container's
-command and environment (``value``, ``secretKeyRef``, ``configMapKeyRef``, ``fieldRef``,
-``resourceFieldRef``, ``envFrom``, ``$(VAR)`` expansion), runs it through
-:class:`dlrover_kfp.backends.LocalBackend` (which enforces the CPU limit with cgroups where it can
-and the memory limit, OOMKilled with 137), and writes the pod's status through ``pods/NAME/status``
-as a kubelet does (phase, IPs, conditions, ``containerStatuses`` with running/terminated states,
-restarts). A pod marked for deletion is stopped with its grace period, its terminated state
-written, and then removed with a grace-0 DELETE. Usage goes to the server's metrics API every
-``metrics_interval_s``; logs to ``pods/NAME/log``. It emits the usual events (Scheduled, Pulled,
-Created, Started, Killing, BackOff, Evicted...).
+environment (``value`` and ``secretKeyRef``: what the Kubernetes backend's pods carry; a missing
+Secret or key keeps the pod Pending in ``CreateContainerConfigError`` until it appears), runs
+its command through :class:`dlrover_kfp.backends.LocalBackend` (which enforces the CPU limit with
+cgroups where it can and the memory limit, OOMKilled with 137), and writes the pod's status
+through ``pods/NAME/status`` as a kubelet does (phase, IPs, conditions, ``containerStatuses``
+with running/terminated states). A pod marked for deletion is stopped with its grace period,
+its terminated state written, and then removed with a grace-0 DELETE. Usage goes to the
+server's metrics API every ``metrics_interval_s``.
+
+The faults the tests inject through it: :meth:`FakeKubelet.evict` (node pressure),
+:meth:`~FakeKubelet.preempt` (the scheduler), :meth:`~FakeKubelet.lose_node`; and
+:meth:`~FakeKubelet.pid_of` / :meth:`~FakeKubelet.exec_in` reach a pod's process (SIGKILL,
+SIGSTOP).
 
 Choices where a local process cannot be a container:
 
@@ -21,12 +25,16 @@ Choices where a local process cannot be a container:
   ``argv[0]`` is looked up in ``executables`` first (by default ``python`` and ``python3`` map to
   this interpreter, the one with the project installed);
 * the ``role`` and ``index`` labels become the local backend's role and index; a pod without a
-  ``worker``/``ps`` role label runs as role ``worker`` (a real kubelet runs any pod), index 0
-  when the label is missing or not an integer;
-* a container without a CPU or memory limit runs with its request, else the node's capacity;
-* the process inherits this process's environment (the local backend does that), and runs in
-  this process's working directory; ``workingDir``, volumes, probes and init containers are
-  ignored; only the first container runs.
+  ``worker``/``ps`` role label runs as role ``worker``, index 0 when the label is missing or not
+  an integer;
+* a container without a CPU or memory limit runs with its request, else with this machine's
+  cores and 1 GiB;
+* every pod runs once, as under the backend's ``restartPolicy: Never`` (no restart in place);
+  one node, every pod IP 127.0.0.1; no ``$(VAR)`` expansion, ``envFrom``, ConfigMap or field
+  references (an env source other than ``value`` and ``secretKeyRef`` keeps the pod waiting, as
+  a missing Secret does); no events; the process inherits this process's environment and working
+  directory; ``workingDir``, volumes, probes and init containers are ignored; only the first
+  container runs.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import copy
 import http.client
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -48,12 +57,12 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self
 from urllib.parse import urlencode
 
 from dlrover_kfp.backends import LocalBackend, PodSpec, PodStatus
-from dlrover_kfp.backends.api import RESERVED_ENV
 from dlrover_kfp.core.profile import Role
+from dlrover_kfp.ports import RESERVED_ENV
 from tests.fakes.kube_apiserver import (
     DEFAULT_NODE,
     KUBELET_HEADER,
@@ -65,7 +74,9 @@ from tests.fakes.kube_apiserver import (
 
 _MIB = 1024 * 1024
 _KUBELET_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
-_VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+_POLL_S = 0.05
+#: How long a pod waiting for its Secret waits before the kubelet looks again.
+_CONFIG_RETRY_S = 0.5
 
 
 class _ConfigError(Exception):
@@ -92,26 +103,21 @@ class _Pod:
     name: str
     obj: Json
     local_name: str = ""
-    # pending (not started), waiting (config error), running, backoff (restart due), terminated
+    # pending (not started), waiting (config error), running, terminated
     state: str = "pending"
-    stopping: bool = False  # a deletion, eviction or deadline is stopping it
+    stopping: bool = False  # a deletion or eviction is stopping it
     terminating: bool = False  # marked for deletion: being stopped, then removed
     deleted: bool = False  # removed from the API
     start_time: str | None = None
     started_at: str | None = None
     container_id: str = ""
-    restart_count: int = 0
     terminated: Json | None = None
-    last_terminated: Json | None = None
     waiting: Json | None = None
     pod_reason: str | None = None
     pod_message: str | None = None
-    failed: bool = False  # a pod-level failure (evicted, deadline) whatever the exit code
+    failed: bool = False  # a pod-level failure (evicted) whatever the exit code
     extra_conditions: list[Json] = field(default_factory=list)
-    restart_at: float = 0.0
     retry_at: float = 0.0
-    started_mono: float = 0.0
-    unschedulable_reported: bool = False
     write_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -140,8 +146,6 @@ class _Client:
             "Accept": "application/json",
             KUBELET_HEADER: self._node,
         }
-        if self._api.token:
-            headers["Authorization"] = f"Bearer {self._api.token}"
         if content_type:
             headers["Content-Type"] = content_type
         return headers
@@ -159,11 +163,8 @@ class _Client:
         path: str,
         body: Any = None,
         *,
-        query: Mapping[str, Any] | None = None,
         content_type: str = "application/json",
     ) -> tuple[int, Any]:
-        if query:
-            path += "?" + urlencode(query)
         data = json.dumps(body).encode() if body is not None else None
         for attempt in range(3):
             conn = self._connection()
@@ -217,16 +218,8 @@ class _Client:
 
 
 class FakeKubelet:
-    """Runs the pods of ``api`` bound to ``node_name`` (binding unscheduled ones to it) as
-    local processes; see the module docstring. Use as a context manager.
-
-    ``namespace``: watch only this namespace (default: all). ``capacity_cpu`` /
-    ``capacity_memory_mb``: when set, a pod whose requests do not fit next to the pods already
-    on the node stays Pending (PodScheduled False, Unschedulable, a FailedScheduling event)
-    until they do. ``restart_backoff_s``: the back-off before restarting a container under
-    ``restartPolicy: Always``/``OnFailure`` (doubling, at most 10x). ``cgroups`` is passed to the
-    local backend.
-    """
+    """Runs the pods of ``api`` (binding unscheduled ones to ``node_name``) as local
+    processes; see the module docstring. Use as a context manager."""
 
     def __init__(
         self,
@@ -234,34 +227,21 @@ class FakeKubelet:
         *,
         node_name: str = DEFAULT_NODE,
         log_dir: Path,
-        namespace: str | None = None,
-        cgroups: Literal["auto", "off"] = "auto",
         metrics_interval_s: float = 0.5,
-        poll_interval_s: float = 0.05,
         executables: Mapping[str, str] | None = None,
-        capacity_cpu: float | None = None,
-        capacity_memory_mb: int | None = None,
-        restart_backoff_s: float = 0.5,
-        emit_events: bool = True,
     ) -> None:
         self.api = api
         self.node_name = node_name
-        self.namespace = namespace
         self.log_dir = Path(log_dir)
         self.metrics_interval_s = metrics_interval_s
-        self.poll_interval_s = poll_interval_s
         self.executables = dict(
             executables
             if executables is not None
             else {"python": sys.executable, "python3": sys.executable}
         )
-        self.capacity_cpu = capacity_cpu
-        self.capacity_memory_mb = capacity_memory_mb
-        self.restart_backoff_s = restart_backoff_s
-        self.emit_events = emit_events
         #: Every status written, in order (for latency measurements).
         self.status_writes: list[StatusWrite] = []
-        self.backend = LocalBackend(self.log_dir, cgroups=cgroups)
+        self.backend = LocalBackend(self.log_dir)
         self._client = _Client(api, node_name)
         self._lock = threading.RLock()
         self._pods: dict[str, _Pod] = {}  # by uid
@@ -271,9 +251,7 @@ class FakeKubelet:
         self._node_lost = False
         self._threads: list[threading.Thread] = []
         self._synced = threading.Event()  # listed and watching
-        self._register_node()
         api.kubelet_attached = True
-        api.log_provider = self._log_text
         for target, name in ((self._watch_loop, "watch"), (self._sync_loop, "sync")):
             thread = threading.Thread(target=target, name=f"fake-kubelet-{name}", daemon=True)
             thread.start()
@@ -307,8 +285,6 @@ class FakeKubelet:
         for thread in self._threads:
             thread.join(timeout=10)
         self.backend.close(grace_s=1.0)
-        if self.api.log_provider == self._log_text:
-            self.api.log_provider = None
         self.api.kubelet_attached = False
 
     # -- public helpers ----------------------------------------------------------------------
@@ -330,10 +306,6 @@ class FakeKubelet:
                 raise AssertionError(f"no {phases} status written for {name} in {timeout_s}s")
             time.sleep(0.01)
 
-    def log_path(self, name: str, namespace: str = "default") -> Path | None:
-        pod = self._find(name, namespace)
-        return self.backend.log_path(pod.local_name) if pod and pod.local_name else None
-
     def pid_of(self, name: str, namespace: str = "default") -> int | None:
         pod = self._find(name, namespace)
         return self.backend.pid_of(pod.local_name) if pod and pod.local_name else None
@@ -347,35 +319,11 @@ class FakeKubelet:
             raise AssertionError(f"pod {namespace}/{name} is not running here")
         return self.backend.exec_in(pod.local_name, argv)
 
-    def evict(
-        self,
-        name: str,
-        namespace: str = "default",
-        *,
-        reason: str = "Evicted",
-        message: str | None = None,
-        grace_s: float = 0.0,
-        via_api: bool = False,
-    ) -> None:
-        """Evict a pod. By default as the kubelet's eviction manager does (node pressure): a
-        ``DisruptionTarget`` condition (``TerminationByKubelet``), the process stopped (after
-        ``grace_s``), ``status.phase: Failed``, ``status.reason: Evicted`` (``reason``) and
-        ``message``; the object stays. ``via_api``: through the Eviction API instead
-        (``pods/NAME/eviction``): condition ``EvictionByEvictionAPI``, then a graceful delete,
-        after which the kubelet stops the process and the pod is removed."""
-        if via_api:
-            code, body = self._client.request(
-                "POST",
-                f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
-                {
-                    "apiVersion": "policy/v1",
-                    "kind": "Eviction",
-                    "metadata": {"name": name, "namespace": namespace},
-                },
-            )
-            if code >= 300:
-                raise RuntimeError(f"eviction of {namespace}/{name} failed: {code} {body}")
-            return
+    def evict(self, name: str, namespace: str = "default", *, message: str | None = None) -> None:
+        """Evict a pod as the kubelet's eviction manager does (node pressure): a
+        ``DisruptionTarget`` condition (``TerminationByKubelet``), the process stopped,
+        ``status.phase: Failed``, ``status.reason: Evicted`` and ``message``; the object
+        stays."""
         pod = self._find(name, namespace)
         if pod is None:
             raise KeyError(f"pod {namespace}/{name} is not on node {self.node_name}")
@@ -386,12 +334,11 @@ class FakeKubelet:
         with self._lock:
             pod.stopping = True
             pod.failed = True
-            pod.pod_reason, pod.pod_message = reason, message
+            pod.pod_reason, pod.pod_message = "Evicted", message
             pod.extra_conditions = [
                 _condition("DisruptionTarget", "True", "TerminationByKubelet", message)
             ]
-        self._event(pod, "Warning", "Evicted", message)
-        self._stop_process(pod, grace_s)
+        self._stop_process(pod, 0.0)
         self._write_status(pod)
 
     def preempt(self, name: str, namespace: str = "default") -> None:
@@ -403,29 +350,18 @@ class FakeKubelet:
             raise KeyError(f"pod {namespace}/{name} is not on node {self.node_name}")
         message = "default-scheduler: preempting to accommodate a higher priority pod"
         self._add_condition(pod, "DisruptionTarget", "PreemptionByScheduler", message)
-        self._event(
-            pod,
-            "Normal",
-            "Preempted",
-            "Preempted by pod on node " + self.node_name,
-            component="default-scheduler",
-        )
         self._client.request("DELETE", self._pod_path(pod), {"kind": "DeleteOptions"})
 
-    def lose_node(self, *, force_delete: bool = True) -> None:
+    def lose_node(self) -> None:
         """The node stops responding, as the node lifecycle controller then sees it: its
-        ``Ready`` condition goes ``Unknown`` with the unreachable taints, its processes die
-        (the machine is gone: no terminated state is ever written), and each of its pods gets
-        a ``DisruptionTarget`` condition (``DeletionByTaintManager``) and is deleted. Without a
-        kubelet to confirm, a real cluster leaves them Terminating; ``force_delete`` then
-        removes them (as pod GC or ``kubectl delete --force`` would). The toleration period
+        processes die (the machine is gone: no terminated state is ever written), and each of
+        its pods gets a ``DisruptionTarget`` condition (``DeletionByTaintManager``) and is
+        deleted. Without a kubelet to confirm, a real cluster leaves them Terminating; they are
+        then removed (as pod GC or ``kubectl delete --force`` would). The toleration period
         (300 s by default) is not waited for."""
         with self._lock:
             self._node_lost = True
             pods = [p for p in self._pods.values() if not p.deleted]
-        self._set_node_ready(
-            "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.", True
-        )
         for pod in pods:
             if pod.local_name:
                 self.backend.delete(pod.local_name, grace_s=0)
@@ -434,87 +370,17 @@ class FakeKubelet:
             if not pod.spec.get("nodeName"):
                 continue
             self._add_condition(pod, "DisruptionTarget", "DeletionByTaintManager", message)
-            self._event(
-                pod,
-                "Normal",
-                "TaintManagerEviction",
-                "Marking for deletion Pod " + f"{pod.namespace}/{pod.name}",
-                component="taint-eviction-controller",
-            )
             self._client.request("DELETE", self._pod_path(pod), {"kind": "DeleteOptions"})
-            if force_delete:
-                self._client.request("DELETE", self._pod_path(pod), {"gracePeriodSeconds": 0})
-
-    def restore_node(self) -> None:
-        """The node is back: Ready, untainted, running pods again."""
-        self._set_node_ready("True", "KubeletReady", "kubelet is posting ready status", False)
-        with self._lock:
-            self._node_lost = False
-
-    # -- node --------------------------------------------------------------------------------
-
-    def _register_node(self) -> None:
-        memory = None if self.capacity_memory_mb is None else self.capacity_memory_mb * _MIB
-        existing = self.api.get_object("nodes", "", self.node_name)
-        if existing is None:
-            self.api.add_node(self.node_name, cpu=self.capacity_cpu, memory_bytes=memory)
-        elif self.capacity_cpu is not None or memory is not None:
-            capacity = dict(existing["status"]["capacity"])
-            if self.capacity_cpu is not None:
-                capacity["cpu"] = f"{int(self.capacity_cpu * 1000)}m"
-            if memory is not None:
-                capacity["memory"] = f"{memory // 1024}Ki"
-            self._client.request(
-                "PATCH",
-                f"/api/v1/nodes/{self.node_name}/status",
-                {"status": {"capacity": capacity, "allocatable": capacity}},
-                content_type="application/merge-patch+json",
-            )
-
-    def _set_node_ready(self, status: str, reason: str, message: str, tainted: bool) -> None:
-        path = f"/api/v1/nodes/{self.node_name}"
-        for _ in range(5):
-            code, node = self._client.request("GET", path)
-            if code != 200:
-                return
-            now = rfc3339()
-            for cond in node["status"].get("conditions") or []:
-                if cond.get("type") == "Ready":
-                    if cond.get("status") != status:
-                        cond["lastTransitionTime"] = now
-                    cond.update(status=status, reason=reason, message=message)
-                    cond["lastHeartbeatTime"] = now
-            code, _ = self._client.request("PUT", path + "/status", node)
-            if code == 200:
-                break
-        taints = (
-            [
-                {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"},
-                {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
-            ]
-            if tainted
-            else None
-        )
-        self._client.request(
-            "PATCH",
-            path,
-            {"spec": {"taints": taints}},
-            content_type="application/merge-patch+json",
-        )
+            self._client.request("DELETE", self._pod_path(pod), {"gracePeriodSeconds": 0})
 
     # -- watch -------------------------------------------------------------------------------
-
-    def _pods_path(self) -> str:
-        if self.namespace:
-            return f"/api/v1/namespaces/{self.namespace}/pods"
-        return "/api/v1/pods"
 
     def _watch_loop(self) -> None:
         rv: str | None = None
         while not self._stop.is_set():
             try:
                 if rv is None:
-                    code, listing = self._client.request("GET", self._pods_path())
+                    code, listing = self._client.request("GET", "/api/v1/pods")
                     if code != 200:
                         time.sleep(0.1)
                         continue
@@ -526,7 +392,7 @@ class FakeKubelet:
                     "allowWatchBookmarks": "true",
                     "timeoutSeconds": 300,
                 }
-                for event in self._client.stream(self._pods_path(), query, self._synced):
+                for event in self._client.stream("/api/v1/pods", query, self._synced):
                     if self._stop.is_set():
                         return
                     kind, obj = event.get("type"), event.get("object") or {}
@@ -555,7 +421,7 @@ class FakeKubelet:
         while not self._stop.is_set():
             with self._lock:
                 if not self._events:
-                    self._events_ready.wait(timeout=self.poll_interval_s)
+                    self._events_ready.wait(timeout=_POLL_S)
                 events, self._events = self._events, []
             try:
                 for kind, obj in events:
@@ -641,72 +507,12 @@ class FakeKubelet:
                 status = statuses.get(pod.local_name)
                 if status is not None and status.phase.terminal:
                     self._on_exit(pod, status)
-                else:
-                    self._check_deadline(pod)
-            elif not pod.stopping and (
-                (pod.state == "waiting" and now >= pod.retry_at)
-                or (pod.state == "backoff" and now >= pod.restart_at)
-            ):
+            elif pod.state == "waiting" and not pod.stopping and now >= pod.retry_at:
                 self._start(pod)
 
-    # -- scheduling --------------------------------------------------------------------------
-
-    def _requests(self, pod: _Pod) -> tuple[Fraction, Fraction]:
-        cpu, memory = Fraction(0), Fraction(0)
-        for container in pod.spec.get("containers") or []:
-            resources = container.get("resources") or {}
-            requests = resources.get("requests") or {}
-            limits = resources.get("limits") or {}
-            cpu += parse_quantity(requests.get("cpu", limits.get("cpu", 0)))
-            memory += parse_quantity(requests.get("memory", limits.get("memory", 0)))
-        return cpu, memory
-
-    def _fits(self, pod: _Pod) -> str | None:
-        """None if ``pod`` fits on the node, else the scheduler's reason."""
-        if self.capacity_cpu is None and self.capacity_memory_mb is None:
-            return None
-        used_cpu, used_memory = Fraction(0), Fraction(0)
-        with self._lock:
-            others = [
-                p
-                for p in self._pods.values()
-                if p is not pod
-                and p.spec.get("nodeName") == self.node_name
-                and p.state != "terminated"
-                and not p.deleted
-            ]
-        for other in others:
-            cpu, memory = self._requests(other)
-            used_cpu, used_memory = used_cpu + cpu, used_memory + memory
-        cpu, memory = self._requests(pod)
-        missing = []
-        if self.capacity_cpu is not None and used_cpu + cpu > Fraction(self.capacity_cpu):
-            missing.append("Insufficient cpu")
-        if (
-            self.capacity_memory_mb is not None
-            and used_memory + memory > self.capacity_memory_mb * _MIB
-        ):
-            missing.append("Insufficient memory")
-        if not missing:
-            return None
-        return (
-            "0/1 nodes are available: "
-            + ", ".join(f"1 {m}" for m in missing)
-            + ". preemption: 0/1 nodes are available: 1 No preemption victims found for"
-            " incoming pod."
-        )
+    # -- scheduling and running --------------------------------------------------------------
 
     def _schedule(self, pod: _Pod) -> None:
-        scheduler = pod.spec.get("schedulerName") or "default-scheduler"
-        if scheduler != "default-scheduler":
-            return
-        why = self._fits(pod)
-        if why is not None:
-            if not pod.unschedulable_reported:
-                pod.unschedulable_reported = True
-                self._add_condition(pod, "PodScheduled", "Unschedulable", why, status="False")
-                self._event(pod, "Warning", "FailedScheduling", why, component="default-scheduler")
-            return
         code, _ = self._client.request(
             "POST",
             self._pod_path(pod) + "/binding",
@@ -720,16 +526,7 @@ class FakeKubelet:
         if code == 201:
             pod.obj = copy.deepcopy(pod.obj)
             pod.obj.setdefault("spec", {})["nodeName"] = self.node_name
-            self._event(
-                pod,
-                "Normal",
-                "Scheduled",
-                f"Successfully assigned {pod.namespace}/{pod.name} to {self.node_name}",
-                component="default-scheduler",
-            )
             self._start(pod)
-
-    # -- running -----------------------------------------------------------------------------
 
     def _start(self, pod: _Pod) -> None:
         if pod.stopping or pod.deleted or (pod.obj.get("metadata") or {}).get("deletionTimestamp"):
@@ -740,16 +537,14 @@ class FakeKubelet:
         except _ConfigError as e:
             with self._lock:
                 pod.state = "waiting"
-                pod.retry_at = time.monotonic() + 0.5
+                pod.retry_at = time.monotonic() + _CONFIG_RETRY_S
                 first = pod.waiting is None
                 pod.waiting = {"reason": "CreateContainerConfigError", "message": str(e)}
                 pod.start_time = pod.start_time or rfc3339()
             if first:
-                self._event(pod, "Warning", "Failed", f"Error: {e}")
                 self._write_status(pod)
             return
-        argv = [_expand(a, env) for a in (container.get("command") or [])]
-        argv += [_expand(a, env) for a in (container.get("args") or [])]
+        argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
         if argv:
             argv[0] = self.executables.get(argv[0], argv[0])
         labels = (pod.obj.get("metadata") or {}).get("labels") or {}
@@ -767,11 +562,6 @@ class FakeKubelet:
         if not argv:
             self._record_start_failure(pod, "no command specified", now)
             return
-        image = container.get("image", "")
-        if pod.restart_count == 0:
-            self._event(
-                pod, "Normal", "Pulled", f'Container image "{image}" already present on machine'
-            )
         try:
             self.backend.launch(
                 PodSpec(
@@ -795,12 +585,8 @@ class FakeKubelet:
         with self._lock:
             pod.state = "running"
             pod.started_at = now
-            pod.started_mono = time.monotonic()
             pod.container_id = f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}"
             pod.terminated = None
-        name = container.get("name", "main")
-        self._event(pod, "Normal", "Created", f"Created container: {name}")
-        self._event(pod, "Normal", "Started", f"Started container {name}")
         self._write_status(pod)
 
     def _record_start_failure(self, pod: _Pod, message: str, now: str) -> None:
@@ -815,47 +601,22 @@ class FakeKubelet:
                 "finishedAt": now,
                 "containerID": "",
             }
-        self._event(pod, "Warning", "Failed", f"Error: {message}")
         self._write_status(pod)
 
     def _on_exit(self, pod: _Pod, status: PodStatus) -> None:
         """The process ended on its own (or was OOM-killed)."""
-        code = status.exit_code if status.exit_code is not None else 1
         terminated = self._terminated_state(pod, status)
-        policy = pod.spec.get("restartPolicy", "Always")
-        restart = policy == "Always" or (policy == "OnFailure" and code != 0)
         with self._lock:
-            if restart:
-                pod.last_terminated = terminated
-                pod.terminated = None
-                pod.state = "backoff"
-                delay = min(
-                    self.restart_backoff_s * (2 ** min(pod.restart_count, 10)),
-                    self.restart_backoff_s * 10,
-                )
-                pod.restart_at = time.monotonic() + delay
-                pod.restart_count += 1
-                pod.waiting = {
-                    "reason": "CrashLoopBackOff",
-                    "message": f"back-off {delay:g}s restarting failed"
-                    f" container={pod.container.get('name', 'main')}"
-                    f" pod={pod.name}_{pod.namespace}({pod.uid})",
-                }
-            else:
-                pod.terminated = terminated
-                pod.state = "terminated"
-        if restart:
-            self._event(pod, "Warning", "BackOff", "Back-off restarting failed container")
+            pod.terminated = terminated
+            pod.state = "terminated"
         self.api.clear_pod_metrics(pod.namespace, pod.name)
         self._write_status(pod)
 
     def _terminated_state(self, pod: _Pod, status: PodStatus | None) -> Json:
         code = 137 if status is None or status.exit_code is None else status.exit_code
         reason = status.reason if status is not None else None
-        if reason == "OOMKilled":
-            shown = "OOMKilled"
-        elif reason == "StartError":
-            shown = "StartError"
+        if reason in ("OOMKilled", "StartError"):
+            shown = reason
         else:
             shown = "Completed" if code == 0 else "Error"
         return {
@@ -866,26 +627,9 @@ class FakeKubelet:
             "containerID": pod.container_id,
         }
 
-    def _check_deadline(self, pod: _Pod) -> None:
-        deadline = pod.spec.get("activeDeadlineSeconds")
-        if not isinstance(deadline, int) or time.monotonic() - pod.started_mono < deadline:
-            return
-        with self._lock:
-            pod.stopping = True
-            pod.failed = True
-            pod.pod_reason = "DeadlineExceeded"
-            pod.pod_message = "Pod was active on the node longer than the specified deadline"
-        self._event(pod, "Normal", "DeadlineExceeded", pod.pod_message)
-        threading.Thread(target=self._stop_and_write, args=(pod, 0.0), daemon=True).start()
-
-    def _stop_and_write(self, pod: _Pod, grace_s: float) -> None:
-        self._stop_process(pod, grace_s)
-        self._write_status(pod)
-
     def _stop_process(self, pod: _Pod, grace_s: float) -> None:
         """Stop the pod's process (if any) and record its terminated state."""
         if pod.local_name and pod.state == "running":
-            self._event(pod, "Normal", "Killing", f"Stopping container {pod.container.get('name')}")
             self.backend.delete(pod.local_name, grace_s=grace_s)
             status = next((s for s in self.backend.statuses() if s.name == pod.local_name), None)
             with self._lock:
@@ -893,10 +637,7 @@ class FakeKubelet:
                 pod.state = "terminated"
         else:
             with self._lock:
-                if pod.state in ("backoff", "waiting", "pending"):
-                    if pod.last_terminated is not None:
-                        pod.terminated = pod.last_terminated
-                        pod.last_terminated = None
+                if pod.state in ("waiting", "pending"):
                     pod.state = "terminated"
         self.api.clear_pod_metrics(pod.namespace, pod.name)
 
@@ -935,38 +676,27 @@ class FakeKubelet:
     def _phase(self, pod: _Pod) -> str:
         if pod.state in ("pending", "waiting"):
             return "Pending"
-        if pod.state in ("running", "backoff"):
+        if pod.state == "running":
             return "Running"
         if pod.failed:
             return "Failed"
         code = (pod.terminated or {}).get("exitCode", 1)
         return "Succeeded" if code == 0 else "Failed"
 
-    def _render(self, pod: _Pod, current: Json) -> Json:
-        status = copy.deepcopy(current)
+    def _conditions(
+        self, pod: _Pod, current: list[Json], ready: bool, terminal: bool
+    ) -> list[Json]:
+        """The kubelet's own conditions (transition times kept while unchanged), the extra
+        ones of an eviction, and the others (PodScheduled, DisruptionTarget) as they are."""
         now = rfc3339()
-        phase = self._phase(pod)
-        status["phase"] = phase
-        status["hostIP"] = "127.0.0.1"
-        status["hostIPs"] = [{"ip": "127.0.0.1"}]
-        if pod.state != "pending" or pod.start_time:
-            status["podIP"] = "127.0.0.1"
-            status["podIPs"] = [{"ip": "127.0.0.1"}]
-            status["startTime"] = pod.start_time or now
-        if pod.pod_reason:
-            status["reason"] = pod.pod_reason
-            status["message"] = pod.pod_message or ""
-        running = pod.state == "running" and not (pod.stopping and pod.terminated)
-        terminal = phase in ("Succeeded", "Failed")
-        ready = running and not terminal
         owned = {
             "PodReadyToStartContainers": "True" if not terminal else "False",
             "Initialized": "True",
             "ContainersReady": "True" if ready else "False",
             "Ready": "True" if ready else "False",
         }
-        old = {c.get("type"): c for c in status.get("conditions") or []}
-        conditions = [c for c in status.get("conditions") or [] if c.get("type") not in owned]
+        old = {c.get("type"): c for c in current}
+        conditions = [c for c in current if c.get("type") not in owned]
         for extra in pod.extra_conditions:
             conditions = [c for c in conditions if c.get("type") != extra["type"]]
             conditions.append(extra)
@@ -992,7 +722,28 @@ class FakeKubelet:
                         f"containers with unready status: [{pod.container.get('name')}]"
                     )
             conditions.append(cond)
-        status["conditions"] = conditions
+        return conditions
+
+    def _render(self, pod: _Pod, current: Json) -> Json:
+        status = copy.deepcopy(current)
+        now = rfc3339()
+        phase = self._phase(pod)
+        status["phase"] = phase
+        status["hostIP"] = "127.0.0.1"
+        status["hostIPs"] = [{"ip": "127.0.0.1"}]
+        if pod.state != "pending" or pod.start_time:
+            status["podIP"] = "127.0.0.1"
+            status["podIPs"] = [{"ip": "127.0.0.1"}]
+            status["startTime"] = pod.start_time or now
+        if pod.pod_reason:
+            status["reason"] = pod.pod_reason
+            status["message"] = pod.pod_message or ""
+        running = pod.state == "running" and not (pod.stopping and pod.terminated)
+        terminal = phase in ("Succeeded", "Failed")
+        ready = running and not terminal
+        status["conditions"] = self._conditions(
+            pod, status.get("conditions") or [], ready, terminal
+        )
         container = pod.container
         state: Json
         if pod.terminated is not None and (pod.state == "terminated" or pod.stopping):
@@ -1005,9 +756,9 @@ class FakeKubelet:
         entry: Json = {
             "name": container.get("name", ""),
             "state": state,
-            "lastState": {"terminated": pod.last_terminated} if pod.last_terminated else {},
+            "lastState": {},
             "ready": ready,
-            "restartCount": pod.restart_count,
+            "restartCount": 0,
             "image": image,
             "imageID": f"fake://{image}",
             "started": "running" in state,
@@ -1043,69 +794,17 @@ class FakeKubelet:
                 if code != 409:
                     return
 
-    def _add_condition(
-        self, pod: _Pod, kind: str, reason: str, message: str, *, status: str = "True"
-    ) -> None:
-        patch = {
-            "status": {
-                "conditions": [_condition(kind, status, reason, message)],
-            }
-        }
+    def _add_condition(self, pod: _Pod, kind: str, reason: str, message: str) -> None:
+        condition = _condition(kind, "True", reason, message)
         with self._lock:
             pod.extra_conditions = [c for c in pod.extra_conditions if c["type"] != kind]
-            pod.extra_conditions.append(patch["status"]["conditions"][0])
+            pod.extra_conditions.append(condition)
         self._client.request(
             "PATCH",
             self._pod_path(pod) + "/status",
-            patch,
+            {"status": {"conditions": [condition]}},
             content_type="application/strategic-merge-patch+json",
         )
-
-    def _event(
-        self,
-        pod: _Pod,
-        kind: str,
-        reason: str,
-        message: str,
-        *,
-        component: str = "kubelet",
-    ) -> None:
-        if not self.emit_events or self._stop.is_set():
-            return
-        now = rfc3339()
-        meta = pod.obj.get("metadata") or {}
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "name": f"{pod.name}.{uuid.uuid4().hex[:16]}",
-                "namespace": pod.namespace,
-            },
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": pod.name,
-                "namespace": pod.namespace,
-                "uid": pod.uid,
-                "resourceVersion": meta.get("resourceVersion", ""),
-                **(
-                    {"fieldPath": f"spec.containers{{{pod.container.get('name')}}}"}
-                    if component == "kubelet"
-                    else {}
-                ),
-            },
-            "reason": reason,
-            "message": message,
-            "source": {"component": component, "host": self.node_name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "type": kind,
-            "reportingComponent": component,
-            "reportingInstance": self.node_name,
-        }
-        with contextlib.suppress(OSError, http.client.HTTPException):
-            self._client.request("POST", f"/api/v1/namespaces/{pod.namespace}/events", body)
 
     def _report_usage(self) -> None:
         with self._lock:
@@ -1143,30 +842,17 @@ class FakeKubelet:
             return name
         return "pod-" + pod.uid.replace("-", "")[:20]
 
-    def _log_text(self, namespace: str, name: str) -> str | None:
-        path = self.log_path(name, namespace)
-        if path is None or not path.exists():
-            return None
-        return path.read_text(errors="replace")
-
     def _limits(self, pod: _Pod) -> tuple[Fraction, int]:
         resources = pod.container.get("resources") or {}
         limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
-        node = self.api.get_object("nodes", "", self.node_name) or {}
-        capacity = (node.get("status") or {}).get("capacity") or {}
-        cpu_text = limits.get("cpu") or requests.get("cpu") or capacity.get("cpu") or "1"
-        memory_text = (
-            limits.get("memory") or requests.get("memory") or capacity.get("memory") or "1Gi"
-        )
-        cpu = parse_quantity(cpu_text)
-        memory_mb = max(1, math.ceil(parse_quantity(memory_text) / _MIB))
+        cpu = parse_quantity(limits.get("cpu") or requests.get("cpu") or os.cpu_count() or 1)
+        memory = parse_quantity(limits.get("memory") or requests.get("memory") or "1Gi")
+        memory_mb = max(1, math.ceil(memory / _MIB))
         return (cpu if cpu > 0 else Fraction(1, 1000)), memory_mb
 
-    def _secret(self, namespace: str, name: str, optional: bool) -> dict[str, str] | None:
+    def _secret(self, namespace: str, name: str) -> dict[str, str]:
         code, secret = self._client.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
         if code == 404:
-            if optional:
-                return None
             raise _ConfigError(f'secret "{name}" not found')
         if code != 200:
             raise _ConfigError(f"cannot read secret {name}: {code}")
@@ -1175,105 +861,24 @@ class FakeKubelet:
             for k, v in (secret.get("data") or {}).items()
         }
 
-    def _configmap(self, namespace: str, name: str, optional: bool) -> dict[str, str] | None:
-        code, cm = self._client.request("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
-        if code == 404:
-            if optional:
-                return None
-            raise _ConfigError(f'configmap "{name}" not found')
-        if code != 200:
-            raise _ConfigError(f"cannot read configmap {name}: {code}")
-        return dict(cm.get("data") or {})
-
     def _resolve_env(self, pod: _Pod, container: Json) -> dict[str, str]:
         env: dict[str, str] = {}
-        ns = pod.namespace
-        for source in container.get("envFrom") or []:
-            prefix = source.get("prefix", "")
-            for key, reader in (("secretRef", self._secret), ("configMapRef", self._configmap)):
-                ref = source.get(key)
-                if ref:
-                    data = reader(ns, ref.get("name", ""), bool(ref.get("optional")))
-                    for k, v in (data or {}).items():
-                        env[prefix + k] = v
         for item in container.get("env") or []:
             name = item.get("name", "")
             if "value" in item:
-                env[name] = _expand(str(item.get("value") or ""), env)
+                env[name] = str(item.get("value") or "")
                 continue
-            source = item.get("valueFrom") or {}
-            value: str | None = ""
-            if "secretKeyRef" in source or "configMapKeyRef" in source:
-                is_secret = "secretKeyRef" in source
-                ref = source["secretKeyRef" if is_secret else "configMapKeyRef"]
-                optional = bool(ref.get("optional"))
-                reader = self._secret if is_secret else self._configmap
-                data = reader(ns, ref.get("name", ""), optional)
-                key = ref.get("key", "")
-                if data is None or key not in data:
-                    if not optional:
-                        kind = "Secret" if is_secret else "ConfigMap"
-                        raise _ConfigError(
-                            f"couldn't find key {key} in {kind} {ns}/{ref.get('name')}"
-                        )
-                    value = None
-                else:
-                    value = data[key]
-            elif "fieldRef" in source:
-                value = self._field_ref(pod, source["fieldRef"].get("fieldPath", ""))
-            elif "resourceFieldRef" in source:
-                value = self._resource_ref(pod, source["resourceFieldRef"])
-            if value is not None:
-                env[name] = value
+            ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+            if ref is None:
+                raise _ConfigError(f"env {name}: the fake kubelet resolves only secretKeyRef")
+            data = self._secret(pod.namespace, ref.get("name", ""))
+            key = ref.get("key", "")
+            if key not in data:
+                raise _ConfigError(
+                    f"couldn't find key {key} in Secret {pod.namespace}/{ref.get('name')}"
+                )
+            env[name] = data[key]
         return env
-
-    def _field_ref(self, pod: _Pod, path: str) -> str:
-        meta = pod.obj.get("metadata") or {}
-        m = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
-        if m:
-            return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
-        values = {
-            "metadata.name": pod.name,
-            "metadata.namespace": pod.namespace,
-            "metadata.uid": pod.uid,
-            "spec.nodeName": self.node_name,
-            "spec.serviceAccountName": pod.spec.get("serviceAccountName", "default"),
-            "status.podIP": "127.0.0.1",
-            "status.podIPs": "127.0.0.1",
-            "status.hostIP": "127.0.0.1",
-            "status.hostIPs": "127.0.0.1",
-        }
-        return str(values.get(path, ""))
-
-    def _resource_ref(self, pod: _Pod, ref: Json) -> str:
-        resource = ref.get("resource", "")
-        divisor = parse_quantity(ref.get("divisor") or "1")
-        if divisor == 0:
-            divisor = Fraction(1)
-        resources = pod.container.get("resources") or {}
-        kind, _, name = resource.partition(".")
-        values = resources.get(kind) or {}
-        if name in values:
-            amount = parse_quantity(values[name])
-        else:
-            node = self.api.get_object("nodes", "", self.node_name) or {}
-            amount = parse_quantity(
-                ((node.get("status") or {}).get("allocatable") or {}).get(name, "0")
-            )
-        return str(math.ceil(amount / divisor))
-
-
-def _expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes ``$(VAR)`` expansion: defined variables are substituted, ``$$`` is ``$``,
-    an undefined reference is left as it is."""
-
-    def sub(m: re.Match[str]) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        name = m.group(1)
-        return str(env[name]) if name in env else m.group(0)
-
-    return _VAR_REF.sub(sub, text)
 
 
 def _condition(kind: str, status: str, reason: str, message: str) -> Json:

@@ -3,7 +3,9 @@
 Every spec's resources go through them, so any string or number a YAML file can hold must come
 out as a positive finite amount or a ``ValueError`` with a message (pydantic turns that into the
 spec's keyed error), and what :func:`format_cpu`/:func:`format_memory` write must parse back to
-the same amount.
+the same amount. The Kubernetes backend reads the API server's quantities with the same
+grammar (:func:`parse_quantity`): any text gives a finite value or a ``UserInputError``, and
+where a spec's parser accepts a text it says the same amount.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from dlrover_kfp.core.quantity import (
     format_memory,
     parse_cpu,
     parse_memory_mb,
+    parse_quantity,
 )
+from dlrover_kfp.errors import UserInputError
 from tests.fuzz._support import expect_clean, fuzz_settings, time_limit
 
 pytestmark = time_limit(60)
@@ -154,3 +158,37 @@ def test_too_large_quantities_say_so() -> None:
     for value in ("9" * 400, 10**400, 1e300):
         with pytest.raises(ValueError, match="too large"):
             parse_cpu(value)
+
+
+#: What the API server or metrics.k8s.io could send where a quantity goes.
+any_text = st.one_of(quantity_like, st.text(max_size=50))
+
+
+@fuzz_settings()
+@given(any_text)
+@example("1e" + "9" * 5000)  # an exponent of more digits than int() reads
+@example("1e999999999Ei")  # beyond any Decimal context: infinite, "too large"
+def test_kubernetes_quantity_parses_or_says_why(text: str) -> None:
+    result = expect_clean(lambda: parse_quantity(text), (UserInputError,))
+    if result is not None:
+        assert isinstance(result, Decimal) and result.is_finite()
+
+
+@fuzz_settings()
+@given(quantity_like)
+@example("1.5e3M")
+@example(".5Gi")
+def test_a_specs_parsers_say_what_the_kubernetes_reading_says(text: str) -> None:
+    """One grammar: a spec's amount is the exact Kubernetes value, rounded to its unit."""
+    try:
+        exact = parse_quantity(text)
+    except UserInputError:
+        exact = None
+    memory = expect_clean(lambda: parse_memory_mb(text), (ValueError,))
+    if memory is not None:
+        assert exact is not None, text
+        assert memory == max(1, math.ceil(exact / MIB)), text
+    cpu = expect_clean(lambda: parse_cpu(text), (ValueError,))
+    if cpu is not None:
+        assert exact is not None, text
+        assert cpu == float(round(exact, 3)), text

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from dlrover_kfp.cli.main import main
+from dlrover_kfp.steps.spec import load_job_spec
 
 JOB = """\
 name: cli-run
@@ -146,3 +147,26 @@ def test_a_bad_plan_is_one_line_exit_2_and_starts_nothing(
     assert message in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert not out_dir.exists()
+
+
+def test_a_spec_file_s_relative_data_path_is_relative_to_the_file_not_the_working_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CLI and the steps load a spec file by one rule (steps.spec.load_spec_file): started
+    # from another directory, with the spec named by a relative path, both look for the data
+    # beside the spec. No file matches, so the run stops at once, naming where it looked.
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    criteo = '{format: criteo, path: "days/*.tsv"}'
+    (specs / "job.yaml").write_text(
+        JOB.replace("{format: synthetic, rows: 20000, seed: 4}", criteo)
+    )
+    monkeypatch.chdir(tmp_path)
+
+    code = main(["run", "--job", "specs/job.yaml", "--output-dir", "out", "--static"])
+
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert f"(looked for {str(specs / 'days' / '*.tsv')!r})" in err, err
+    loaded = load_job_spec("specs/job.yaml")  # the train step's and the Airflow operator's
+    assert loaded.base_dir == specs

@@ -16,15 +16,16 @@ from typing import Any
 
 import pytest
 
-from dlrover_kfp.backends.api import PodPhase, PodSpec, PodStatus, PodUsage
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
+from dlrover_kfp.core.planner.relaunch import Relaunch
 from dlrover_kfp.core.profile import NodeSample, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.ports import PodPhase, PodSpec, PodStatus, PodUsage
 from dlrover_kfp.runtime import elastic, liveness
 from dlrover_kfp.runtime.elastic import ElasticRun
-from dlrover_kfp.runtime.job import RunSettings
+from dlrover_kfp.runtime.job import JobFailedError, RunSettings
 from dlrover_kfp.runtime.master import MasterService, MasterState, PsSwitch
 from dlrover_kfp.training.master_protocol import CONFIG
 from dlrover_kfp.training.wire import Message, PeerInfo
@@ -388,3 +389,42 @@ def test_a_frozen_new_ps_abandons_the_switch_at_once(tmp_path: Path) -> None:
     assert "pause-ps-0-g1" not in pods.pods
     [event] = run.events
     assert event.detail.startswith("PS change abandoned: new PS pause-ps-0-g1 frozen")
+
+
+def _stop_worker_1(run: ElasticRun, reason: str, times: int, first: int = 0) -> list[Any]:
+    """The master's decisions when worker-1 ends ``times`` times with the backend's
+    ``reason``, a second apart from second ``first`` (raises when the job must fail)."""
+    decisions = []
+    for k in range(first, first + times):
+        gone = PodStatus(
+            name=run._worker_name(1),
+            role="worker",
+            index=1,
+            phase=PodPhase.FAILED,
+            reason=reason,
+            exit_code=1 if reason == "Error" else None,
+            started_at=float(k),
+        )
+        decisions.append(run._decide_stop(gone, 10.0 + k))
+    return decisions
+
+
+@pytest.mark.parametrize("reason", ["Evicted", "Preempted", "NodeLost", "Deleted"])
+def test_a_pod_stopped_from_outside_is_relaunched_however_often_and_never_fails_the_job(
+    tmp_path: Path, reason: str
+) -> None:
+    # The backend's reason goes to the relaunch policy as a disruption, not an error: twice
+    # the failure budget (max_failures 3 within 600 s) still relaunches, as it was, uncounted.
+    run, _, _ = _run(tmp_path)
+
+    decisions = _stop_worker_1(run, reason, times=6)
+
+    assert [(type(d), d.counted, d.cpu) for d in decisions] == [(Relaunch, False, 0.5)] * 6
+    assert [e.kind for e in run.events] == ["failure"] * 6
+
+
+def test_a_pod_failing_on_its_own_fails_the_job_at_the_budget(tmp_path: Path) -> None:
+    run, _, _ = _run(tmp_path)
+    assert all(d.counted for d in _stop_worker_1(run, "Error", times=2))  # failures 1, 2 of 3
+    with pytest.raises(JobFailedError, match="failed 3 times within 600 s"):
+        _stop_worker_1(run, "Error", times=1, first=2)

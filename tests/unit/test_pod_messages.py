@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from dlrover_kfp.backends.api import MAX_MESSAGE_CHARS, PodPhase, PodSpec, last_error_line
+from dlrover_kfp.backends.api import MAX_MESSAGE_CHARS, last_error_line
 from dlrover_kfp.backends.k8s_objects import job_labels, pod_status, render_pod
+from dlrover_kfp.ports import PodPhase, PodSpec
 
 TRACEBACK = """\
 2026-11-26 10:00:01,000 INFO worker-0: reading shard 4

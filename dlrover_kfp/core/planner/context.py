@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from dlrover_kfp.core.footprint import RUNTIME_MB, min_ps_memory_mb, min_worker_memory_mb
 from dlrover_kfp.core.plan import NodeGroup
+from dlrover_kfp.core.planner.quota_rule import job_quota
 from dlrover_kfp.core.planner.settings import NodeLimits, PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 
@@ -59,18 +60,14 @@ class PlanningContext:
 
 
 def context_from_spec(spec: JobSpec, settings: PlannerSettings) -> PlanningContext:
-    limits = spec.resources.limits
-    quota_cpu = limits.cpu if limits else settings.default_quota.cpu
-    quota_mem = limits.memory if limits else settings.default_quota.memory_mb
-    if settings.capacity is not None:
-        # No plan holds more than the backend has, whatever the quota says (a machine's cores).
-        quota_cpu = min(quota_cpu, settings.capacity.cpu)
-        quota_mem = min(quota_mem, settings.capacity.memory_mb)
+    """The bounds of ``spec``'s plans; its quota is :func:`job_quota`'s, the rule the
+    simulator's baseline policies call too."""
+    quota = job_quota(spec, settings)
     one_ps = min_ps_memory_mb(spec.model, 1)
     worker_need = min_worker_memory_mb(spec.model, spec.training)
     return PlanningContext(
-        quota_cpu=quota_cpu,
-        quota_memory_mb=quota_mem,
+        quota_cpu=quota.cpu,
+        quota_memory_mb=quota.memory_mb,
         min_workers=spec.elastic.min_workers,
         max_workers=spec.elastic.max_workers,
         min_ps=spec.elastic.min_ps,

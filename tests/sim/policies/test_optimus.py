@@ -364,7 +364,9 @@ def test_a_restarted_incarnation_is_read_afresh() -> None:
     assert "greedy" in nxt.reason  # the current shape is measured: the model allocates
 
 
-def test_job_bounds_without_limits_hold_the_request() -> None:
+def test_job_bounds_without_limits_are_the_planners_and_the_start_fits_them() -> None:
+    """Without ``limits`` the quota is the planner's default (32 cores), not the larger request
+    (80 cores): the start is cut into it, as the planner's cold start cuts it (issue 26)."""
     spec = JobSpec(
         name="big",
         model={"table_sizes": list(DEFAULT_TABLES)},  # type: ignore[arg-type]
@@ -373,8 +375,11 @@ def test_job_bounds_without_limits_hold_the_request() -> None:
         resources={"workers": {"count": 10, "cpu": 8, "memory": "8Gi"}},  # type: ignore[arg-type]
     )
     bounds = job_bounds(spec)
-    assert bounds.quota_cpu == 80.0
+    assert bounds.quota_cpu == 32.0
     assert bounds.quota_memory_mb == 128 * 1024
+    plan = OptimusPolicy().initial(spec, 0.0)
+    assert plan.workers.total_cpu + plan.ps.total_cpu <= 32.0
+    assert plan.workers.cpu == 8.0  # fixed-size containers: fewer of them, not smaller
 
 
 def test_profiling_is_a_few_small_configurations_within_the_start() -> None:

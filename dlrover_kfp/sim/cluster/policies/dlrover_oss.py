@@ -88,12 +88,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
-from dlrover_kfp.core.planner.settings import DefaultQuota
+from dlrover_kfp.core.planner.quota_rule import job_quota
+from dlrover_kfp.core.planner.settings import PlannerSettings
 from dlrover_kfp.core.profile import JobProfile, NodeSample, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.sim.cluster.api import JobView, Role
 
 GIB = 1024
+#: the planner's default settings: the quota rule every policy of the simulator shares
+_PLANNER = PlannerSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,21 +184,16 @@ class Bounds:
 
 
 def job_bounds(spec: JobSpec, settings: DlroverOssSettings) -> Bounds:
-    """The quota is ``spec.resources.limits``; without one, the planner's default quota, raised
-    to the user's own request if that is larger. Counts: ``spec.elastic`` within the master's
-    caps (≤ 60 workers, ≤ 15 PS)."""
-    res = spec.resources
-    if res.limits is not None:
-        cpu, memory = float(res.limits.cpu), int(res.limits.memory)
-    else:
-        default = DefaultQuota()
-        groups = [g for g in (res.workers, res.ps) if g is not None]
-        cpu = max(default.cpu, sum(g.count * g.cpu for g in groups))
-        memory = max(default.memory_mb, sum(g.count * g.memory for g in groups))
+    """The quota is the planner's (:func:`~dlrover_kfp.core.planner.quota_rule.job_quota`:
+    ``spec.resources.limits``, else the default quota, which a larger request is cut to as the
+    planner cuts it): DLRover reads ``quota_cpu`` but defines no rule for it, and every policy
+    of the simulator is given the same room. Counts: ``spec.elastic`` within the master's caps
+    (≤ 60 workers, ≤ 15 PS)."""
+    quota = job_quota(spec, _PLANNER)
     el = spec.elastic
     max_w = max(el.min_workers, min(el.max_workers, settings.max_workers))
     max_p = max(el.min_ps, min(el.max_ps, settings.max_ps))
-    return Bounds(cpu, memory, el.min_workers, max_w, el.min_ps, max_p)
+    return Bounds(quota.cpu, quota.memory_mb, el.min_workers, max_w, el.min_ps, max_p)
 
 
 def _clamp_cpu(cpu: float, s: DlroverOssSettings) -> float:

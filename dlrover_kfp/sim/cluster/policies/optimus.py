@@ -57,7 +57,8 @@ import numpy as np
 from dlrover_kfp.core.footprint import min_ps_memory_mb, min_worker_memory_mb
 from dlrover_kfp.core.perf_model import solve_nnls
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
-from dlrover_kfp.core.planner.settings import ColdStartSettings, DefaultQuota, NodeLimits
+from dlrover_kfp.core.planner.quota_rule import job_quota
+from dlrover_kfp.core.planner.settings import ColdStartSettings, NodeLimits, PlannerSettings
 from dlrover_kfp.core.profile import JobProfile, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.sim.cluster.api import JobView, Role
@@ -78,6 +79,8 @@ Theta = tuple[float, float, float, float]
 Shape = tuple[int, int]  # (workers, ps)
 
 _NODE = NodeLimits()
+#: the planner's default settings: the quota rule every policy of the simulator shares
+_PLANNER = PlannerSettings()
 _SMALL_WORKERS = ColdStartSettings().workers
 _SMALL_EXAMPLES: tuple[Shape, ...] = (
     (1, 1),
@@ -183,19 +186,14 @@ class Bounds:
 
 
 def job_bounds(spec: JobSpec) -> Bounds:
-    """The quota is ``spec.resources.limits``; without one, the planner's default quota, raised
-    to the user's own request if that is larger (a user may always run what they asked for)."""
-    res = spec.resources
-    if res.limits is not None:
-        cpu, memory = float(res.limits.cpu), int(res.limits.memory)
-    else:
-        default = DefaultQuota()
-        groups = [g for g in (res.workers, res.ps) if g is not None]
-        cpu = max(default.cpu, sum(g.count * g.cpu for g in groups))
-        memory = max(default.memory_mb, sum(g.count * g.memory for g in groups))
+    """The quota is the planner's (:func:`~dlrover_kfp.core.planner.quota_rule.job_quota`:
+    ``spec.resources.limits``, else the default quota, which a larger request is cut to as the
+    planner cuts it): the paper defines no quota rule of its own, and every policy of the
+    simulator is given the same room."""
+    quota = job_quota(spec, _PLANNER)
     return Bounds(
-        quota_cpu=cpu,
-        quota_memory_mb=memory,
+        quota_cpu=quota.cpu,
+        quota_memory_mb=quota.memory_mb,
         min_workers=spec.elastic.min_workers,
         max_workers=spec.elastic.max_workers,
         min_ps=spec.elastic.min_ps,
