@@ -431,12 +431,20 @@ def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generatio
     master.close()
 
 
-def own_usage() -> tuple[float, float]:
-    """(CPU seconds, resident MiB) of this process and its children: what the pod's cgroup
-    would account for, measured from inside it."""
+def own_usage() -> tuple[float, float, float]:
+    """(CPU seconds, the pod's clock when they were read, resident MiB) of this process and its
+    children: what the pod's cgroup would account for, measured from inside it.
+
+    The process's own CPU time and the clock are read back to back (two clock_gettime calls,
+    nanoseconds), before the slow part: scanning /proc for children and reading memory. The
+    master divides CPU by the clock's interval; read in the other order, a reading held up
+    between the two (the scan, the GIL, a throttled quota period) made the interval
+    disagree with the CPU time's (0.66 core was read for a pod held to 0.5)."""
+    cpu = time.process_time()  # every thread of this process
+    at = time.monotonic()
+    reaped = os.times()  # children already waited for
+    seconds = cpu + reaped.children_user + reaped.children_system
     me = psutil.Process()
-    cpu = me.cpu_times()
-    seconds = cpu.user + cpu.system + cpu.children_user + cpu.children_system
     rss = me.memory_info().rss
     for child in me.children(recursive=True):
         try:
@@ -445,7 +453,7 @@ def own_usage() -> tuple[float, float]:
             rss += child.memory_info().rss
         except psutil.Error:  # ended in between
             continue
-    return seconds, rss / (1 << 20)
+    return seconds, at, rss / (1 << 20)
 
 
 def report_usage(
@@ -465,8 +473,8 @@ def report_usage(
         return
     try:
         while True:
-            cpu_seconds, rss_mb = own_usage()
-            at = time.monotonic()  # the rate's interval is the pod's, not the arrivals'
+            # The rate's interval is the pod's clock, not the reports' arrivals.
+            cpu_seconds, at, rss_mb = own_usage()
             meta = {"role": role, "index": index, "generation": generation, "at": at}
             conn.request(USAGE, {**meta, "cpu_seconds": cpu_seconds, "rss_mb": rss_mb})
             time.sleep(interval_s)

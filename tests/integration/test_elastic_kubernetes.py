@@ -290,9 +290,8 @@ def test_without_a_metrics_api_the_pods_report_their_own_usage(
     ps = [n for s in training for n in s.nodes if n.role == "ps"]
     assert workers and ps, "no self-reported usage in the profile"
     # A busy worker held to half a core by its CFS quota uses about that; unthrottled it would
-    # read ~1 on this 2-core machine. Its own report read exactly 0.5 while pods reported only
-    # once torch was loaded; since they report from their start (a frozen PS is told from a
-    # starting one by it) they read 0.54-0.62 here, cause not yet found (issue 25's note).
-    assert 0.2 < max(n.cpu_used for n in workers) <= 0.5 * 1.3, workers
+    # read ~1 on this 2-core machine. It read 0.54-0.66 while a pod took its CPU time before a
+    # slow /proc scan and its clock after (training/node.py own_usage); 0.49-0.51 since.
+    assert 0.2 < max(n.cpu_used for n in workers) <= 0.5 * 1.1, workers
     assert all(100 < n.memory_used_mb < 2048 for n in workers + ps)
     assert all(n.cpu_requested == 0.5 and n.memory_requested_mb == 2048 for n in workers + ps)
