@@ -26,15 +26,14 @@ from pathlib import Path
 import pytest
 
 from dlrover_kfp.backends import LocalBackend
-from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.planner.settings import NodeLimits
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime import checkpoints, elastic, liveness
 from dlrover_kfp.runtime.elastic import ElasticRun
-from dlrover_kfp.runtime.job import RunResult, RunSettings, StaticRun
+from dlrover_kfp.runtime.job import RunSettings, StaticRun
+from tests.integration.test_elastic_run import _run, _trained_rows
 from tests.integration.test_elastic_run import _spec as elastic_spec
-from tests.integration.test_elastic_run import _trained_rows
 
 MODEL = (
     "{embedding_dim: 8, table_sizes: [1000, 50, 7, 3000], dense_features: 13, "
@@ -78,35 +77,6 @@ def _committed(out: Path) -> bool:
     return any(not p.name.endswith(".tmp") for p in (out / "checkpoints").glob("step-*"))
 
 
-def _elastic(
-    spec: JobSpec,
-    tmp_path: Path,
-    settings: RunSettings,
-    planner: PlannerSettings,
-    during: Callable[[ElasticRun, LocalBackend], None],
-) -> RunResult:
-    plan = ResourcePlan(
-        workers=spec.resources.workers.to_group(),  # type: ignore[union-attr]
-        ps=spec.resources.ps.to_group(),  # type: ignore[union-attr]
-        stage=Stage.MANUAL,
-        reason="the user's guess",
-    )
-    out = tmp_path / "out"
-    with LocalBackend(out / "logs") as backend:
-        run = ElasticRun(
-            spec,
-            backend,
-            plan=plan,
-            planner=planner,
-            output_dir=out,
-            base_dir=tmp_path,
-            settings=settings,
-            progress=lambda line: None,
-        )
-        threading.Thread(target=during, args=(run, backend), daemon=True).start()
-        return run.run()
-
-
 # 30-36 s on a 2-core machine (two starts of 3 processes, 10 s of freeze): -m long.
 @pytest.mark.long
 @pytest.mark.timeout(liveness.DETECT_S + RESTART_S + CHECKPOINT_S + 60)
@@ -132,7 +102,7 @@ def test_a_frozen_ps_is_killed_and_the_job_rolls_back_to_its_checkpoint(tmp_path
         assert _until(lambda: run.state.totals()[0] >= seen["samples"])
         seen["caught_up"] = time.monotonic()
 
-    result = _elastic(spec, tmp_path, settings, QUIET, freeze_a_ps)
+    result = _run(spec, tmp_path, settings, during=freeze_a_ps, planner=QUIET)
     profile = result.profile
     assert "frozen" in seen, "the PS was never frozen"
     assert result.succeeded, profile.outcome.reason
@@ -185,7 +155,7 @@ def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) ->
         )
         seen["abandoned"] = time.monotonic()
 
-    result = _elastic(spec, tmp_path, settings, hot, freeze_the_new_ps)
+    result = _run(spec, tmp_path, settings, during=freeze_the_new_ps, planner=hot)
     profile = result.profile
     assert "frozen" in seen, "the new PS was never frozen"
     assert result.succeeded, profile.outcome.reason

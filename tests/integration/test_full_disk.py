@@ -31,18 +31,13 @@ from dlrover_kfp.runtime.launch import record_run
 from dlrover_kfp.runtime.reserve import RESERVE_FILE, ProfileReserve
 from tests.chaos.harness import SmallDisk, mounted_small_disk
 from tests.factories import make_profile
+from tests.integration.test_run_cli import JOB as CLI_JOB
 
 REPO = Path(__file__).resolve().parents[2]
 
-JOB = """\
-name: full-disk
-model: {embedding_dim: 8, table_sizes: [1000, 50, 7, 3000], bottom_mlp: [16, 8], top_mlp: [16, 1]}
-data: {format: synthetic, rows: 20000, seed: 4}
-training: {batch_size: 256}
-resources:
-  workers: {count: 1, cpu: 1, memory: 2Gi}
-  ps: {count: 1, cpu: 1, memory: 2Gi}
-"""
+#: test_run_cli's small job, under a name of its own.
+JOB = CLI_JOB.replace("name: cli-run\nscenario: ads-ctr\n", "name: full-disk\n")
+assert "name: full-disk\n" in JOB
 
 
 @pytest.fixture

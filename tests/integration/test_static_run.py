@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import jsonschema
@@ -38,8 +39,13 @@ def spec_of(text: str) -> JobSpec:
 
 
 def static_run(
-    spec: JobSpec, tmp_path: Path, base_dir: Path | None = None, **settings: object
+    spec: JobSpec,
+    tmp_path: Path,
+    base_dir: Path | None = None,
+    before: Callable[[StaticRun, LocalBackend], None] | None = None,
+    **settings: object,
 ) -> RunResult:
+    """``spec`` run on the local backend; ``before`` sees the run and its backend first."""
     options: dict[str, object] = {"checkpoint_interval_s": 0.0, "sample_interval_s": 0.2}
     options.update(settings)
     out = tmp_path / "out"
@@ -52,6 +58,8 @@ def static_run(
             settings=RunSettings(**options),  # type: ignore[arg-type]
             progress=lambda line: None,
         )
+        if before is not None:
+            before(run, backend)
         result = run.run()
         if result.succeeded:  # every pod, PS included, ended on its own
             assert {s.reason for s in backend.statuses()} == {"Completed"}, backend.statuses()
@@ -73,17 +81,9 @@ resources:
   ps: {{count: 2, cpu: 0.5, memory: 1Gi}}
 """
     )
-    out = tmp_path / "out"
     at_launch: dict[str, tuple[int, bool]] = {}  # pod -> (PS pods running, PS serving)
-    with LocalBackend(out / "logs") as backend:
-        run = StaticRun(
-            spec,
-            backend,
-            output_dir=out,
-            base_dir=tmp_path,
-            settings=RunSettings(checkpoint_interval_s=0.0, sample_interval_s=0.2),
-            progress=lambda line: None,
-        )
+
+    def record_launches(run: StaticRun, backend: LocalBackend) -> None:
         launch = backend.launch
 
         def recording_launch(pod: PodSpec) -> None:
@@ -93,7 +93,8 @@ resources:
             launch(pod)
 
         backend.launch = recording_launch  # type: ignore[method-assign]
-        result = run.run()
+
+    result = static_run(spec, tmp_path, before=record_launches)
     assert result.succeeded, result.profile.outcome.reason
     assert result.profile.outcome.samples_processed == 2160
     assert at_launch["overlap-ps-0"][0] == 0 and at_launch["overlap-ps-1"][0] == 1
