@@ -30,8 +30,8 @@ from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.planning import local_planner_settings
-from dlrover_kfp.runtime.elastic import ElasticRun
-from dlrover_kfp.runtime.job import RunSettings
+from dlrover_kfp.runtime.elastic import elastic_run
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.training.data import open_dataset, split_ranges
 
 TABLES = (
@@ -97,14 +97,14 @@ def main() -> None:
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.monotonic()
     with LocalBackend(out / "logs") as backend:
-        run = ElasticRun(
+        options = RunOptions(
+            output_dir=out, base_dir=Path.cwd(), settings=settings, planner=planner
+        )
+        run = elastic_run(
             job,
             backend,
+            options,
             plan=plan,
-            planner=planner,
-            output_dir=out,
-            base_dir=Path.cwd(),
-            settings=settings,
             progress=lambda line: print(f"{time.monotonic() - t0:6.1f}s {line}", flush=True),
         )
         result = run.run()

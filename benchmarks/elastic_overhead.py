@@ -20,7 +20,6 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import elastic_local  # the benchmark job, beside this script
 
@@ -29,8 +28,9 @@ from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.planning import local_planner_settings
-from dlrover_kfp.runtime.elastic import ElasticRun
-from dlrover_kfp.runtime.job import RunSettings, StaticRun
+from dlrover_kfp.runtime.elastic import ElasticPolicy
+from dlrover_kfp.runtime.job import JobRun, static_run
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 
 
 def spec(rows: int) -> JobSpec:
@@ -43,59 +43,52 @@ def steady(profile: JobProfile) -> float:
     return statistics.median(busy[len(busy) // 4 : -1] or busy)
 
 
-class TimedElasticRun(ElasticRun):
-    """An elastic run that adds up the wall time of its decisions (Stage 2 + Stage 3)."""
+class TimedElasticPolicy(ElasticPolicy):
+    """The elastic policy, adding up the wall time of its decisions (Stage 2 + Stage 3)."""
 
     decide_s = 0.0
     decisions = 0
 
-    def _decide(self, state: Any, t: float) -> None:
+    def decide(self, t: float) -> None:
         start = time.perf_counter()
-        super()._decide(state, t)
+        super().decide(t)
         self.decide_s += time.perf_counter() - start
         self.decisions += 1
 
 
 def one(job: JobSpec, elastic: bool, out: Path) -> tuple[JobProfile, float, int]:
     settings = RunSettings(sample_interval_s=2.0, checkpoint_interval_s=0.0)
+    if not elastic:
+        options = RunOptions(output_dir=out, base_dir=Path.cwd(), settings=settings)
+        with LocalBackend(out / "logs") as backend:
+            result = static_run(job, backend, options, progress=lambda line: None).run()
+        assert result.succeeded, result.profile.outcome.reason
+        return result.profile, 0.0, 0
+    planner = local_planner_settings()
+    planner = dataclasses.replace(
+        planner, auto_scale=dataclasses.replace(planner.auto_scale, min_samples=10**6)
+    )
+    plan = ResourcePlan(
+        workers=job.resources.workers.to_group(),  # type: ignore[union-attr]
+        ps=job.resources.ps.to_group(),  # type: ignore[union-attr]
+        stage=Stage.MANUAL,
+        reason="the same shape as the static run",
+    )
     with LocalBackend(out / "logs") as backend:
-        if not elastic:
-            run: StaticRun = StaticRun(
-                job,
-                backend,
-                output_dir=out,
-                base_dir=Path.cwd(),
-                settings=settings,
-                progress=lambda line: None,
-            )
-        else:
-            planner = local_planner_settings()
-            planner = dataclasses.replace(
-                planner, auto_scale=dataclasses.replace(planner.auto_scale, min_samples=10**6)
-            )
-            plan = ResourcePlan(
-                workers=job.resources.workers.to_group(),  # type: ignore[union-attr]
-                ps=job.resources.ps.to_group(),  # type: ignore[union-attr]
-                stage=Stage.MANUAL,
-                reason="the same shape as the static run",
-            )
-            run = TimedElasticRun(
-                job,
-                backend,
-                plan=plan,
-                planner=planner,
-                output_dir=out,
-                base_dir=Path.cwd(),
-                settings=settings,
-                progress=lambda line: None,
-            )
+        options = RunOptions(output_dir=out, base_dir=Path.cwd(), settings=settings)
+        run = JobRun(
+            job,
+            backend,
+            options,
+            groups=(plan.workers, plan.ps),
+            policy=lambda run: TimedElasticPolicy(run, plan=plan, planner=planner),
+            progress=lambda line: None,
+        )
         result = run.run()
     assert result.succeeded, result.profile.outcome.reason
-    if isinstance(run, TimedElasticRun):
-        changes = [p for p in result.profile.plans if p.stage is not Stage.MANUAL]
-        assert not changes, f"the elastic run changed its shape: {changes}"
-        return result.profile, run.decide_s, run.decisions
-    return result.profile, 0.0, 0
+    changes = [p for p in result.profile.plans if p.stage is not Stage.MANUAL]
+    assert not changes, f"the elastic run changed its shape: {changes}"
+    return result.profile, run.policy.decide_s, run.policy.decisions
 
 
 def main() -> None:

@@ -42,15 +42,18 @@ from pathlib import Path
 from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.planning import local_planner_settings
-from dlrover_kfp.runtime.elastic import ElasticRun, Migration
-from dlrover_kfp.runtime.job import RunSettings
+from dlrover_kfp.runtime.elastic import ElasticPolicy, elastic_run
+from dlrover_kfp.runtime.job import JobRun
+from dlrover_kfp.runtime.options import Migration, RunOptions, RunSettings
 from dlrover_kfp.training.data import open_dataset, split_ranges
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from elastic_local import spec, user_plan  # the same ctr-local job
 
 
-def hog_the_ps(run: ElasticRun, backend: LocalBackend, after_s: float, log: dict) -> None:
+def hog_the_ps(
+    run: JobRun[ElasticPolicy], backend: LocalBackend, after_s: float, log: dict
+) -> None:
     """``after_s`` after the first trained shard, start a busy loop inside the last PS's pod
     (``exec_in``: in its cgroups, sharing its CPU quota); it ends with that pod."""
     name = f"{run.spec.name}-ps-{run.ps.count - 1}"
@@ -90,16 +93,19 @@ def run_arm(arm: str, args: argparse.Namespace, root: Path) -> dict:
     migration: Migration = "restart" if arm == "restart" else "live"
     t0 = time.monotonic()
     with LocalBackend(out / "logs") as backend:
-        run = ElasticRun(
-            job,
-            backend,
-            plan=plan,
-            planner=planner_for(arm),
+        options = RunOptions(
             output_dir=out,
             base_dir=Path.cwd(),
             settings=settings,
-            progress=lambda line: print(f"  [{arm}] {time.monotonic() - t0:6.1f}s {line}"),
+            planner=planner_for(arm),
             migration=migration,
+        )
+        run = elastic_run(
+            job,
+            backend,
+            options,
+            plan=plan,
+            progress=lambda line: print(f"  [{arm}] {time.monotonic() - t0:6.1f}s {line}"),
         )
         if args.hog:
             threading.Thread(
@@ -117,7 +123,7 @@ def run_arm(arm: str, args: argparse.Namespace, root: Path) -> dict:
         "exact": p.outcome.samples_processed == expected,
         "samples": p.outcome.samples_processed,
         "expected": expected,
-        "pauses": list(run.ps_pauses),
+        "pauses": list(run.policy.ps_pauses),
         "longest_gap": run.state.longest_report_gap_s,
         "hog": log.get("hog", "-"),
         "hog_at": log.get("hog_at"),

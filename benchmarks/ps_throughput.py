@@ -86,7 +86,8 @@ from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime.job import RunSettings, StaticRun
+from dlrover_kfp.runtime.job import static_run
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.training.data import Batch, Dataset, RowRange, open_dataset, split_ranges
 from dlrover_kfp.training.ps_state import PsConfig, PsState
 from dlrover_kfp.training.reference import ReferenceTrainer
@@ -271,9 +272,8 @@ def run_job(
     with tempfile.TemporaryDirectory(prefix="ps_throughput-") as tmp:
         out = Path(tmp)
         with LocalBackend(out / "logs") as backend:
-            run = StaticRun(
-                spec, backend, output_dir=out, base_dir=out, settings=settings, progress=progress
-            )
+            options = RunOptions(output_dir=out, base_dir=out, settings=settings)
+            run = static_run(spec, backend, options, progress=progress)
             result = run.run()
         if not result.succeeded:
             logs = "\n".join(p.read_text()[-2000:] for p in sorted((out / "logs").glob("*.log")))

@@ -5,7 +5,7 @@ throughput of a job with ``w`` workers and ``p`` PS of ``λw`` and ``λp`` cores
 benchmark checks it against the trainer itself, as the paper's figure 6 does:
 
 1. **Measure.** Every configuration of a grid that fits this machine is trained for real:
-   ``StaticRun`` on ``LocalBackend``, each pod limited to its ``cpu`` (a CFS quota where the
+   ``static_run`` on ``LocalBackend``, each pod limited to its ``cpu`` (a CFS quota where the
    backend can set one). The default grid (small model) is every ``w`` in 1-3, ``p`` in 1-2,
    ``λw`` in {0.25, 0.5, 0.75, 1, 1.5} and ``λp`` in {0.25, 0.5, 1} whose total
    ``w·λw + p·λp`` is within ``--budget`` (1.75 of the machine's 2 cores: the rest is the
@@ -117,7 +117,8 @@ from dlrover_kfp.core.perf_model import (
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.files import read_text, write_atomic
-from dlrover_kfp.runtime.job import RunSettings, StaticRun
+from dlrover_kfp.runtime.job import static_run
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -391,14 +392,8 @@ def run_job(
             timer.daemon = True
             timer.start()
             try:
-                run = StaticRun(
-                    spec,
-                    backend,
-                    output_dir=out,
-                    base_dir=out,
-                    settings=settings,
-                    progress=progress,
-                )
+                options = RunOptions(output_dir=out, base_dir=out, settings=settings)
+                run = static_run(spec, backend, options, progress=progress)
                 result = run.run()
             finally:
                 timer.cancel()

@@ -112,7 +112,7 @@ def elastic_train(
     """
 
     # The trainer (torch) is imported by this step only: plan and record start fast.
-    from dlrover_kfp.steps.train import read_plan, train_step  # noqa: PLC0415
+    from dlrover_kfp.steps.train import RunOptions, read_plan, train_step  # noqa: PLC0415
 
     with _task_errors():
         loaded = load_job_spec(job_spec)  # validate before anything runs
@@ -120,9 +120,9 @@ def elastic_train(
         with _run_dir(loaded.spec.name, backend, claim) as (output_dir, kube):
             result = train_step(
                 job_spec,
-                plan,
-                output_dir=output_dir,
-                history_url=history_url,
+                lambda base_dir: RunOptions(
+                    output_dir=output_dir, base_dir=base_dir, history_url=history_url, plan=plan
+                ),
                 backend=backend,
                 kube=kube,
                 progress=_log,

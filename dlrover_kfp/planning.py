@@ -24,7 +24,7 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.core.summary import summarize
 from dlrover_kfp.errors import NotFoundError
 from dlrover_kfp.history import open_history
-from dlrover_kfp.ports import Clock, HistoryStore, SimilarityQuery, SystemClock
+from dlrover_kfp.ports import HistoryStore, SimilarityQuery, SystemClock, WallClock
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def similarity_query(spec: JobSpec, settings: PlannerSettings, now: float) -> Si
 def plan_job(
     spec: JobSpec,
     store: HistoryStore | None,
-    clock: Clock,
+    clock: WallClock,
     settings: PlannerSettings | None = None,
 ) -> ResourcePlan:
     """Stage 1 for ``spec``: warm start from ``store`` (cold start without one)."""
@@ -56,7 +56,7 @@ def plan_job(
 def plan_job_with_history(
     spec: JobSpec,
     store: HistoryStore | None,
-    clock: Clock,
+    clock: WallClock,
     settings: PlannerSettings | None = None,
 ) -> tuple[ResourcePlan, list[Observation]]:
     """:func:`plan_job`, and the measured observations of the similar jobs the plan used.

@@ -76,9 +76,26 @@ class HistoryStore(Protocol):
 # ---- the clock -------------------------------------------------------------------------------
 
 
-class Clock(Protocol):
+class WallClock(Protocol):
+    """The time of day: what planning "as of" a moment needs."""
+
     def now(self) -> float:
         """Seconds since the epoch."""
+        ...
+
+
+class Clock(WallClock, Protocol):
+    """Time as a job master lives it: the time of day, an interval clock and waiting.
+
+    The runtime reads and waits only through this port, so that its decisions (timeouts,
+    grace periods, back-offs, silence) run under a test's fake clock in microseconds."""
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back (intervals, deadlines)."""
+        ...
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` (the monotonic clock moves on by at least that much)."""
         ...
 
 
@@ -93,8 +110,16 @@ class FixedClock:
 
 
 class SystemClock:
+    """The machine's clocks."""
+
     def now(self) -> float:
         return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
 
 
 # ---- the cluster: where a job's pods run ------------------------------------------------------

@@ -25,8 +25,9 @@ from dlrover_kfp.core.plan import NodeGroup, Stage
 from dlrover_kfp.core.profile import AppliedPlan, JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.core.summary import cpu_utilisation
-from dlrover_kfp.runtime.job import Meter, RunResult, RunSettings
+from dlrover_kfp.runtime.job import Meter, RunResult
 from dlrover_kfp.runtime.launch import run_local
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.training.data import open_dataset, split_ranges
 
 #: Synthetic rows per round. On 2 cores: JCT 60-70 s from the guess (about 15 s of it starting
@@ -182,15 +183,14 @@ def run_quickstart(
         run_dir = output_dir / f"round-{r}"
         _clear_run_outputs(run_dir)
         stamp = datetime.fromtimestamp(time.time(), UTC).strftime("%Y%m%dT%H%M%S")
-        result = run_local(
-            spec,
+        options = RunOptions(
             output_dir=run_dir,
             base_dir=output_dir,
             settings=settings,
-            progress=_tagged(progress, f"[round {r}/{rounds}] "),
             history_url=history_url,
             run_id=f"{spec.name}-{stamp}-r{r}",
         )
+        result = run_local(spec, options, progress=_tagged(progress, f"[round {r}/{rounds}] "))
         done = RoundResult(round=r, run_dir=run_dir, result=result, expected_samples=expected)
         if on_round is not None:
             on_round(done)

@@ -1,4 +1,4 @@
-"""A :class:`~dlrover_kfp.backends.api.ClusterBackend` whose pods are Kubernetes pods.
+"""A :class:`~dlrover_kfp.ports.ClusterBackend` whose pods are Kubernetes pods.
 
 The only module of the project that imports ``kubernetes`` (the official client, pinned
 ``kubernetes==30.1.0`` as every kfp 2.x requires). What it does, and why:

@@ -1,4 +1,4 @@
-"""A :class:`~dlrover_kfp.backends.api.ClusterBackend` whose pods are local OS processes.
+"""A :class:`~dlrover_kfp.ports.ClusterBackend` whose pods are local OS processes.
 
 Used to develop and test the job master, and to train small jobs on one machine. It imitates
 what a Kubernetes pod gives a container, as far as a plain process allows:
@@ -68,7 +68,6 @@ from dlrover_kfp.backends.api import BACKEND_LOG_PREFIX, last_error_line
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.ports import (
     BackendClosedError,
-    Clock,
     PodExistsError,
     PodNotFoundError,
     PodPhase,
@@ -77,6 +76,7 @@ from dlrover_kfp.ports import (
     PodStatus,
     PodUsage,
     SystemClock,
+    WallClock,
 )
 
 logger = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ class LocalBackend:
         log_dir: Path,
         *,
         watchdog_interval_s: float = 0.2,
-        clock: Clock | None = None,
+        clock: WallClock | None = None,
         cgroups: cg.Cgroups | Literal["auto", "off"] = "auto",
         cut_short: Callable[[], bool] = lambda: False,
     ) -> None:
@@ -213,7 +213,7 @@ class LocalBackend:
         self._owner = _Owner.me()
         self._marker_dir = str(self._log_dir.resolve())
         self._interval = watchdog_interval_s
-        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._clock: WallClock = clock if clock is not None else SystemClock()
         self._cgroups: cg.Cgroups | None
         if cgroups == "off":
             self._cgroups, self._enforcement = None, "off: accounting only (cgroups='off')"

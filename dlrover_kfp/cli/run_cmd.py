@@ -21,7 +21,7 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import EXIT_FAILED_RUN, UserInputError
 from dlrover_kfp.files import read_document
 from dlrover_kfp.planning import plan_start
-from dlrover_kfp.runtime.job import RunSettings, static_groups
+from dlrover_kfp.runtime.job import static_groups
 from dlrover_kfp.runtime.kube import (
     DEFAULT_MOUNT_PATH,
     KubeOptions,
@@ -31,6 +31,7 @@ from dlrover_kfp.runtime.kube import (
     run_kubernetes,
 )
 from dlrover_kfp.runtime.launch import record_run, run_local, unwind_on_sigterm
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.steps.spec import load_spec_file
 
 
@@ -147,27 +148,37 @@ def _kube_options(args: argparse.Namespace) -> KubeOptions:
     )
 
 
-def _dry_run(
-    spec: JobSpec,
-    opts: KubeOptions,
-    settings: RunSettings,
-    url: str | None,
-    static: bool,
-    plan: ResourcePlan | None,
-) -> int:
+def _dry_run(spec: JobSpec, kube: KubeOptions, options: RunOptions) -> int:
     planner = PlannerSettings()
-    if static:
+    if options.static:
         workers, ps = static_groups(spec)
         plan = ResourcePlan(workers=workers, ps=ps, stage=Stage.MANUAL, reason="--static")
-    elif plan is None:
-        plan, _ = plan_start(spec, url, planner)
-    manifests = dry_run_manifests(spec, plan, settings, kube_settings(opts), f"{spec.name}-dry-run")
+    elif options.plan is None:
+        plan, _ = plan_start(spec, options.history_url, planner)
+    else:
+        plan = options.plan
+    run_id = f"{spec.name}-dry-run"
+    manifests = dry_run_manifests(spec, plan, options.settings, kube_settings(kube), run_id)
     sys.stdout.write(
         f"# {spec.name}: starting plan ({plan.stage.value}): {plan.reason}\n"
         "# the job master's port is chosen when it starts: --master shows port 0\n"
     )
     sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
     return 0
+
+
+def _settings(args: argparse.Namespace, kube: KubeOptions | None) -> RunSettings:
+    """The run's settings from the flags; on Kubernetes the pods run the image's interpreter
+    (not this one's path) and reach the master at its address (a placeholder in a dry run)."""
+    settings = RunSettings(
+        checkpoint_interval_s=args.checkpoint_interval,
+        sample_interval_s=args.sample_interval,
+        seed=args.seed,
+    )
+    if kube is None:
+        return settings
+    host = (args.master_host or "<master-ip>") if args.dry_run else master_host(kube)
+    return dataclasses.replace(settings, master_host=host, python="python")
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -179,52 +190,39 @@ def _run(args: argparse.Namespace) -> int:
     loaded = load_spec_file(Path(args.job))
     spec = loaded.spec
     url = history_url(args) if args.history else None
-    output = Path(args.output_dir)
-    settings = RunSettings(
-        checkpoint_interval_s=args.checkpoint_interval,
-        sample_interval_s=args.sample_interval,
-        seed=args.seed,
-    )
-
     plan = read_document(ResourcePlan, args.plan) if args.plan else None
     if plan is not None and args.static:
         raise UserInputError("--plan: not with --static (a static run keeps the spec's resources)")
-    record = not args.no_record
     if args.dry_run and args.backend != "kubernetes":
         raise UserInputError("--dry-run: only with --backend kubernetes")
-    if args.backend == "kubernetes":
-        opts = _kube_options(args)
-        # The pods run the image's interpreter, not this one's path.
-        if args.dry_run:
-            host = args.master_host or "<master-ip>"
-            settings = dataclasses.replace(settings, master_host=host, python="python")
-            return _dry_run(spec, opts, settings, url, args.static, plan)
-        settings = dataclasses.replace(settings, master_host=master_host(opts), python="python")
-        run = functools.partial(run_kubernetes, spec, opts)
-    else:
-        run = functools.partial(run_local, spec)
+    kube = _kube_options(args) if args.backend == "kubernetes" else None
+    options = RunOptions(
+        output_dir=Path(args.output_dir),
+        base_dir=loaded.base_dir,
+        settings=_settings(args, kube),
+        history_url=url,
+        static=args.static,
+        resume=True,
+        fresh=args.fresh,
+        record=not args.no_record,
+        plan=plan,
+    )
+    if kube is not None and args.dry_run:
+        return _dry_run(spec, kube, options)
+    run = functools.partial(run_local, spec)
+    if kube is not None:
+        run = functools.partial(run_kubernetes, spec, kube)
     unwind_on_sigterm()
     with TerminalProgress(f"{spec.name}: samples") as progress:
-        result = run(
-            output_dir=output,
-            base_dir=loaded.base_dir,
-            settings=settings,
-            progress=progress,
-            history_url=url,
-            static=args.static,
-            resume=True,
-            plan=plan,
-            record=record,
-            fresh=args.fresh,
-        )
-        if url is not None and not record and not result.succeeded:
+        result = run(options, progress=progress)
+        if url is not None and not options.record and not result.succeeded:
             result = record_run(url, result, progress)
     profile = result.profile
     summary = {
         "run_id": profile.run_id,
         "outcome": to_dict(profile.outcome),
         "metrics": to_dict(profile.metrics),
-        "profile": str(output / "profile.json"),
+        "profile": str(options.output_dir / "profile.json"),
         "model": str(result.model_dir) if result.model_dir else None,
     }
     sys.stdout.write(json.dumps(summary, indent=2) + "\n")

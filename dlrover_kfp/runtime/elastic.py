@@ -1,7 +1,9 @@
 """The elastic run: the job master applies the planner to live pods.
 
-The loop is :class:`~dlrover_kfp.runtime.job.StaticRun`'s (launch, sample, checkpoint,
-evaluate, profile) with its two hooks filled in:
+The loop is :class:`~dlrover_kfp.runtime.job.JobRun`'s (launch, sample, checkpoint, evaluate,
+profile); :class:`ElasticPolicy` is what it does at the loop's hooks
+(:class:`~dlrover_kfp.runtime.job.RunPolicy`), acting on the run's pods, master state and
+record, which it is given:
 
 * **decide**, after every runtime sample: Stage 2 (:func:`~dlrover_kfp.core.planner.auto_scale`,
   the function the simulator calls) on the samples so far; a new plan is turned into ordered pod
@@ -43,7 +45,7 @@ evaluate, profile) with its two hooks filled in:
 
 * **restart**: with ``resume``, a master started again on the output directory of a run whose
   master was killed goes on from that run's last committed checkpoint, at the shape and with
-  the timeline committed with it (:class:`~dlrover_kfp.runtime.job.StaticRun`).
+  the timeline committed with it (:class:`~dlrover_kfp.runtime.job.JobRun`).
 
 Every plan applied (stage, reason, time) and every event (scale, relaunch, oom, migration,
 failure) lands in the profile.
@@ -55,13 +57,11 @@ import dataclasses
 import logging
 import statistics
 import threading
-import time
 from collections.abc import Callable, Collection, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from dlrover_kfp.backends import ClusterBackend, PodPhase, PodStatus
 from dlrover_kfp.core.documents import parse, to_dict
+from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.observation import Observation
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan
 from dlrover_kfp.core.planner import (
@@ -84,17 +84,16 @@ from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent, RuntimeSa
 from dlrover_kfp.core.reconcile import ChangeKind, Pod, move_ps, reconcile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import PermanentError, TransientError
+from dlrover_kfp.ports import Clock, ClusterBackend, PodPhase, PodStatus
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
-from dlrover_kfp.runtime.job import JobFailedError, Progress, RunSettings, StaticRun
+from dlrover_kfp.runtime.job import JobFailedError, JobRun, Progress
 from dlrover_kfp.runtime.liveness import WatchedPs
 from dlrover_kfp.runtime.master import MasterState, PsSwitch
+from dlrover_kfp.runtime.options import Migration, RunOptions
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.master_protocol import USAGE_INTERVAL_S
 
 log = logging.getLogger("dlrover_kfp.elastic")
-
-#: How a PS change is applied: live (paused only for the switch) or stop-and-restart.
-Migration = Literal["live", "restart"]
 
 #: Seconds the workers get to pause for a PS switch before the stragglers are stopped:
 #: ``_PAUSE_SHARDS`` times a shard's time at the job's median speed, within these bounds.
@@ -125,47 +124,32 @@ _CAUSES = {
 }
 
 
-class ElasticRun(StaticRun):
-    """One elastic run, starting from ``plan`` (Stage 1's, or the user's resources)."""
+class ElasticPolicy:
+    """What makes a run elastic (the module docstring): plans applied to live pods, failed pods
+    relaunched, a failed PS rolled back. It starts from ``plan`` (Stage 1's, or the user's
+    resources) and acts on the pieces of ``run`` (its pods, master state, record)."""
 
     def __init__(
         self,
-        spec: JobSpec,
-        backend: ClusterBackend,
+        run: JobRun[Any],
         *,
         plan: ResourcePlan,
         planner: PlannerSettings,
-        output_dir: Path,
-        base_dir: Path,
-        settings: RunSettings | None = None,
-        run_id: str | None = None,
-        progress: Progress | None = None,
         known: Sequence[Observation] = (),
         migration: Migration = "live",
-        resume: bool = False,
     ) -> None:
-        super().__init__(
-            spec,
-            backend,
-            output_dir=output_dir,
-            base_dir=base_dir,
-            settings=settings,
-            run_id=run_id,
-            progress=progress,
-            groups=(plan.workers, plan.ps),
-            resume=resume,
-        )
-        extra = self.resume_from.extra if self.resume_from is not None else {}
+        self.run = run
+        extra = self.run.resume_from.extra if self.run.resume_from is not None else {}
         if "plan" in extra:
             # A resumed run goes on at the shape it had, with its timeline so far.
-            self.workers = parse(
+            self.run.workers = parse(
                 NodeGroup, extra["plan"]["workers"], "checkpoint", prefix="workers."
             )
-            self.ps = parse(NodeGroup, extra["plan"]["ps"], "checkpoint", prefix="ps.")
-            plan = dataclasses.replace(plan, workers=self.workers, ps=self.ps)
+            self.run.ps = parse(NodeGroup, extra["plan"]["ps"], "checkpoint", prefix="ps.")
+            plan = dataclasses.replace(plan, workers=self.run.workers, ps=self.run.ps)
         self.plan = plan
         self.planner = planner
-        self.ctx = context_from_spec(spec, planner)
+        self.ctx = context_from_spec(run.spec, planner)
         self.known = tuple(known)
         self.last_step: ScalingStep | None = None
         self.plans: list[AppliedPlan] = [
@@ -175,12 +159,12 @@ class ElasticRun(StaticRun):
         ]
         if "plans" in extra:
             self.plans = [parse(AppliedPlan, x, "checkpoint") for x in extra["plans"]]
-            self.events = [parse(JobEvent, x, "checkpoint") for x in extra.get("events", [])]
+            self.run.events = [parse(JobEvent, x, "checkpoint") for x in extra.get("events", [])]
         # The earlier master's events after its last checkpoint, from its run file's journal:
         # what happened stays in the timeline even where the training state rolls back.
-        seen = set(self.events)
-        self.events += [e for e in self.journalled if e not in seen]
-        self.events.sort(key=lambda e: e.time)
+        seen = set(self.run.events)
+        self.run.events += [e for e in self.run.journalled if e not in seen]
+        self.run.events.sort(key=lambda e: e.time)
         #: every stop handled, for the relaunch policy's failure count
         self._stops: list[PodExit] = []
         #: indices into ``samples`` where pods were (re)started: the job's start, every change
@@ -190,10 +174,8 @@ class ElasticRun(StaticRun):
         #: (name, launch time) of failed pods already handled
         self._handled: set[tuple[str, float | None]] = set()
         self.migration: Migration = migration
-        #: the pod name of each PS index (a moved PS gets a new pod and name)
-        self._ps_pods: dict[int, str] = {k: self._pod_name("ps", k) for k in range(plan.ps.count)}
-        #: the generation of each PS index's pod (the key of its usage reports)
-        self._ps_gens: dict[int, int] = dict.fromkeys(range(plan.ps.count), 0)
+        #: the node of each PS index: a moved PS is a new pod of a later generation
+        self._ps_nodes: dict[int, NodeId] = {k: NodeId("ps", k) for k in range(plan.ps.count)}
         #: per new PS pod of a switch, when the backend first said it runs
         self._running_since: dict[str, float] = {}
         #: seconds training was paused by each PS change
@@ -201,20 +183,21 @@ class ElasticRun(StaticRun):
         #: threads stopping the PS a switch replaced, once their checkpoint is committed
         self._retiring: list[threading.Thread] = []
 
-    def _checkpoint_extra(self, state: MasterState) -> dict[str, Any]:
-        """The ledger and counts, and the shape and timeline a resumed run goes on with."""
+    # -- the hooks of the run's loop ----------------------------------------------------------
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """The shape and timeline a resumed run goes on with."""
         return {
-            **super()._checkpoint_extra(state),
-            "plan": {"workers": to_dict(self.workers), "ps": to_dict(self.ps)},
+            "plan": {"workers": to_dict(self.run.workers), "ps": to_dict(self.run.ps)},
             "plans": [to_dict(x) for x in self.plans],
-            "events": [to_dict(x) for x in self.events],
+            "events": [to_dict(x) for x in self.run.events],
         }
 
     # -- failures -------------------------------------------------------------------------
 
-    def _handle_failures(self, statuses: list[PodStatus], t: float) -> None:
+    def handle_failures(self, statuses: list[PodStatus], t: float) -> None:
         for status in statuses:
-            if status.phase is not PodPhase.FAILED or status.name in self._stopping:
+            if status.phase is not PodPhase.FAILED or status.name in self.run.stopping:
                 continue
             key = (status.name, status.started_at)
             if key in self._handled:
@@ -233,8 +216,8 @@ class ElasticRun(StaticRun):
         """A failed pod's event (``oom`` or ``failure``, with the cause from its log) and the
         relaunch policy's decision; raises :class:`JobFailedError` when the job must stop."""
         cause = _CAUSES.get(status.reason or "Error", ExitCause.ERROR)
-        group = self.ps if status.role == "ps" else self.workers
-        launched = self._launched.get(status.name)
+        group = self.run.ps if status.role == "ps" else self.run.workers
+        launched = self.run.launched.get(status.name)
         stop = PodExit(
             node=status.name,
             role=status.role,
@@ -245,12 +228,12 @@ class ElasticRun(StaticRun):
             # What the pod had: a relaunched pod may have more than its group.
             memory_mb=launched.memory_mb if launched is not None else group.memory_mb,
         )
-        self.events.append(
+        self.run.events.append(
             JobEvent(
                 time=round(t, 3),
                 kind="oom" if cause is ExitCause.OOM_KILLED else "failure",
                 node=status.name,
-                detail=self._describe_failure(status),
+                detail=self.run.describe_failure(status),
             )
         )
         decision = decide_relaunch(stop, self._stops, self.planner)
@@ -259,7 +242,7 @@ class ElasticRun(StaticRun):
             raise JobFailedError(decision.reason)
         return decision
 
-    def _start_failed(self, pod: PodStatus) -> None:
+    def start_failed(self, pod: PodStatus) -> None:
         """A pod failed before every PS registered. A PS (OOM-killed building its rows: the
         model's footprint estimate was below what it really needs) goes to the relaunch policy
         as one failing while training does: relaunched in place, bigger after an OOM, with its
@@ -267,34 +250,40 @@ class ElasticRun(StaticRun):
         yet, so nothing rolls back."""
         key = (pod.name, pod.started_at)
         if pod.role != "ps":
-            super()._start_failed(pod)
+            raise JobFailedError(self.run.describe_failure(pod))
             return
         if key in self._handled:
             return  # already relaunched: the backend still shows the old pod
         self._handled.add(key)
         # On the run's timeline, from the wall clock: the loop's own clock starts with training.
-        t = max(0.0, (pod.finished_at or time.time()) - self.started_wall)
+        t = max(0.0, (pod.finished_at or self.run.clock.now()) - self.run.started_wall)
         decision = self._decide_stop(pod, t)
         if isinstance(decision, NoRelaunch):  # a PS that exits 0 before it serves
-            super()._start_failed(pod)
+            raise JobFailedError(self.run.describe_failure(pod))
             return
-        state = self.state
+        state = self.run.state
         with state.lock:
             state.ps_addresses.pop(pod.index, None)  # it may have registered before it died
             generation = state.generation
         group = NodeGroup(count=1, cpu=decision.cpu, memory_mb=decision.memory_mb)
-        self.backend.launch(self._pod("ps", pod.index, group, self.address, generation=generation))
-        self.ps = dataclasses.replace(self.ps, memory_mb=max(self.ps.memory_mb, group.memory_mb))
-        self.plan = dataclasses.replace(self.plan, ps=self.ps)
-        self.events.append(
+        self.run.launch(NodeId("ps", pod.index, generation), group)
+        self.run.ps = dataclasses.replace(
+            self.run.ps, memory_mb=max(self.run.ps.memory_mb, group.memory_mb)
+        )
+        self.plan = dataclasses.replace(self.plan, ps=self.run.ps)
+        self.run.events.append(
             JobEvent(time=round(t, 3), kind="relaunch", node=pod.name, detail=decision.reason)
         )
-        self.progress(f"{self.run_id}: {decision.reason}")
+        self.run.progress(f"{self.run.run_id}: {decision.reason}")
+
+    def _ps_pod_names(self) -> list[str]:
+        """The pods of the job's PS set, by index."""
+        return [self.run.pod_name(node) for _, node in sorted(self._ps_nodes.items())]
 
     def _watched_ps(self) -> dict[int, WatchedPs]:
         return {
-            k: WatchedPs(index=k, generation=self._ps_gens.get(k, 0), pod=pod)
-            for k, pod in self._ps_pods.items()
+            k: WatchedPs(index=k, generation=node.generation, pod=self.run.pod_name(node))
+            for k, node in self._ps_nodes.items()
         }
 
     def _handle_frozen_ps(self, t: float) -> None:
@@ -305,20 +294,20 @@ class ElasticRun(StaticRun):
 
         Called from the main loop only, between switches and rollbacks (both run on this
         thread), so neither is ever handled twice."""
-        frozen = self.ps_watch.frozen(self._watched_ps())
+        frozen = self.run.ps_watch.frozen(self._watched_ps())
         if frozen is None:
             return
-        detail = self._kill_frozen(frozen)
-        t = self.events[-1].time
-        self.progress(f"{self.run_id}: {frozen.pod}: {detail}")
+        detail = self.run.kill_frozen(frozen)
+        t = self.run.events[-1].time
+        self.run.progress(f"{self.run.run_id}: {frozen.pod}: {detail}")
         stop = PodExit(
             node=frozen.pod,
             role="ps",
             cause=ExitCause.ERROR,
             exit_code=None,
             time=t,
-            cpu=self.ps.cpu,
-            memory_mb=self.ps.memory_mb,
+            cpu=self.run.ps.cpu,
+            memory_mb=self.run.ps.memory_mb,
         )
         decision = decide_relaunch(stop, self._stops, self.planner)
         self._stops.append(stop)
@@ -341,36 +330,41 @@ class ElasticRun(StaticRun):
         taken back, are counted once, when they are done again. Without a committed
         checkpoint the job starts over from its initial parameters and an empty ledger.
         """
-        state = self.state
-        paused = time.monotonic()
-        for k in range(self.workers.count):
-            self._stop(self._worker_name(k))
+        state = self.run.state
+        paused = self.run.clock.monotonic()
+        for k in range(self.run.workers.count):
+            self.run.stop(self.run.worker_name(k))
         self._join_retiring()
-        for pod in self._ps_pods.values():
-            self._stop(pod)
+        for pod in self._ps_pod_names():
+            self.run.stop(pod)
         self._wait_for_terminal(
-            [*self._ps_pods.values(), *(self._worker_name(k) for k in range(self.workers.count))]
+            [
+                *self._ps_pod_names(),
+                *(self.run.worker_name(k) for k in range(self.run.workers.count)),
+            ]
         )
-        self.coordinator.close()  # a checkpoint in flight fails with the dead PS: not committed
-        choice = ckpt.select_checkpoint(self.checkpoint_dir)  # committed ones only
+        self.run.coordinator.close()  # a checkpoint in flight fails with the dead PS: not committed
+        choice = ckpt.select_checkpoint(self.run.checkpoint_dir)  # committed ones only
         step = choice.step if choice is not None else 0
         with state.lock:
             before = sum(w.samples for w in state.workers.values())
-            self._restore_master(state, choice)
+            self.run.restore_master(state, choice)
             after = sum(w.samples for w in state.workers.values())
-        self._restored_at(state, step)
-        self._rebase_rates(state, self.clock() - self.start)
-        ps = NodeGroup(count=self.ps.count, cpu=decision.cpu, memory_mb=decision.memory_mb)
-        self._launch_all(state, ps, self.workers)
-        self._starts.append(len(self.samples))
+        self.run.restored_at(state, step)
+        self.run.rebase_rates(state, self.run.clock.monotonic() - self.run.start)
+        ps = NodeGroup(count=self.run.ps.count, cpu=decision.cpu, memory_mb=decision.memory_mb)
+        self._launch_all(state, ps, self.run.workers)
+        self._starts.append(len(self.run.samples))
         source = f"the checkpoint of step {step:,}" if choice is not None else "the start"
         detail = (
             f"{decision.reason}: every PS restored from {source}; {before - after:,} samples "
             f"trained since are taken back and trained again; training paused "
-            f"{time.monotonic() - paused:.1f}s"
+            f"{self.run.clock.monotonic() - paused:.1f}s"
         )
-        self.events.append(JobEvent(time=round(t, 3), kind="relaunch", node=name, detail=detail))
-        self.progress(f"{self.run_id}: {name}: {detail}")
+        self.run.events.append(
+            JobEvent(time=round(t, 3), kind="relaunch", node=name, detail=detail)
+        )
+        self.run.progress(f"{self.run.run_id}: {name}: {detail}")
 
     def _launch_all(self, state: MasterState, ps: NodeGroup, workers: NodeGroup) -> None:
         """Start the job's every pod again, after the old ones stopped: the PS, a new
@@ -381,42 +375,40 @@ class ElasticRun(StaticRun):
             state.ps_addresses.clear()
             state.num_ps = ps.count
             state.job_config = {**state.job_config, "num_ps": ps.count}
-        self.ps = ps
-        self._ps_pods = {}
-        self._ps_gens = dict.fromkeys(range(ps.count), generation)
+        self.run.ps = ps
+        self._ps_nodes = {k: NodeId("ps", k, generation) for k in range(ps.count)}
         for k in range(ps.count):
-            self._ps_pods[k] = self._pod_name("ps", k, generation)
-            self.backend.launch(self._pod("ps", k, ps, self.address, generation=generation))
-        self.workers = workers
+            self.run.launch(self._ps_nodes[k], ps)
+        self.run.workers = workers
 
         def launch_workers() -> None:
             for k in range(workers.count):
                 self._launch_worker(k, workers)
 
-        self._wait_for_ps(state, self.clock(), launch_workers)
-        self.coordinator = self._new_coordinator(state)
+        self.run.wait_for_ps(state, self.run.clock.monotonic(), launch_workers)
+        self.run.coordinator = self.run.new_coordinator(state)
 
     def _launch_worker(self, index: int, group: NodeGroup) -> None:
         """(Re)start worker ``index`` at ``group``'s size; a stop of it is no longer ours.
 
         The new pod is not configured until it asks: a PS switch must not wait for it to
         pause (it cannot; it is given the new PS set once the switch is over)."""
-        self._stopping.discard(self._worker_name(index))
-        with self.state.lock:
-            self.state.configured.pop(f"worker-{index}", None)
+        self.run.stopping.discard(self.run.worker_name(index))
+        with self.run.state.lock:
+            self.run.state.configured.pop(NodeId.worker(index).key, None)
             # Its predecessor's reports say nothing about whether the new pod is frozen.
-            self.state.usage.pop(("worker", index, 0), None)
-        self.backend.launch(self._pod("worker", index, group, self.address))
+            self.run.state.usage.pop(NodeId.worker(index), None)
+        self.run.launch(NodeId.worker(index), group)
 
     def _relaunch_worker(self, name: str, index: int, decision: Relaunch, t: float) -> None:
         self._launch_worker(
             index, NodeGroup(count=1, cpu=decision.cpu, memory_mb=decision.memory_mb)
         )
-        self._starts.append(len(self.samples))
-        self.events.append(
+        self._starts.append(len(self.run.samples))
+        self.run.events.append(
             JobEvent(time=round(t, 3), kind="relaunch", node=name, detail=decision.reason)
         )
-        self.progress(f"{self.run_id}: {decision.reason}")
+        self.run.progress(f"{self.run.run_id}: {decision.reason}")
 
     # -- decisions --------------------------------------------------------------------------
 
@@ -431,8 +423,8 @@ class ElasticRun(StaticRun):
         """
         settled: list[RuntimeSample] = []
         for k, start in enumerate(self._starts):
-            end = self._starts[k + 1] if k + 1 < len(self._starts) else len(self.samples)
-            part = self.samples[start:end]
+            end = self._starts[k + 1] if k + 1 < len(self._starts) else len(self.run.samples)
+            part = self.run.samples[start:end]
             first = next((i for i, x in enumerate(part) if x.throughput > 0), None)
             if first is not None:
                 settled.extend(part[first + 1 :])
@@ -441,13 +433,12 @@ class ElasticRun(StaticRun):
     def _lease_ages(self, state: MasterState) -> dict[str, float]:
         """Per worker pod, how long it has held its oldest shard without reporting it."""
         with state.lock:
-            ages = state.ledger.lease_ages(self.clock())
+            ages = state.ledger.lease_ages(self.run.clock.monotonic())
         out: dict[str, float] = {}
         for holder, age in ages.items():
-            worker = holder.split("#", 1)[0]  # "worker-3#<incarnation>"
-            index = worker.rsplit("-", 1)[-1]
-            if index.isdigit():
-                name = self._pod_name("worker", int(index))
+            node = NodeId.from_holder(holder)
+            if node is not None and node.role == "worker":
+                name = self.run.pod_name(node)
                 out[name] = max(age, out.get(name, 0.0))
         return out
 
@@ -462,9 +453,10 @@ class ElasticRun(StaticRun):
         ]
         if not speeds:
             return None
-        return self.settings.shard_rows / statistics.median(speeds)
+        return self.run.settings.shard_rows / statistics.median(speeds)
 
-    def _decide(self, state: MasterState, t: float) -> None:
+    def decide(self, t: float) -> None:
+        state = self.run.state
         settled = self._settled()
         if not settled:
             return
@@ -475,10 +467,10 @@ class ElasticRun(StaticRun):
         # is acted on before any resize. It sees the settled samples since the last change.
         # Only the job's own pods: a PS a live move replaced still runs until it has persisted
         # the move's checkpoint (long, if it was starved), and is no longer the job's to move.
-        ps_pods = set(self._ps_pods.values())
-        current = {*ps_pods, *map(self._worker_name, range(self.workers.count))}
+        ps_pods = set(self._ps_pod_names())
+        current = {*ps_pods, *map(self.run.worker_name, range(self.run.workers.count))}
         recent = [
-            _only(x, current) for x in settled if x.time >= self.samples[self._starts[-1]].time
+            _only(x, current) for x in settled if x.time >= self.run.samples[self._starts[-1]].time
         ]
         observed = Instability(
             samples=recent,
@@ -503,7 +495,7 @@ class ElasticRun(StaticRun):
                     self._apply_actions(state, dataclasses.replace(unstable, actions=tuple(new)))
                 return
             self._apply_actions(state, unstable)
-            self._starts.append(len(self.samples))
+            self._starts.append(len(self.run.samples))
             return
         decision = auto_scale(
             self.ctx,
@@ -518,12 +510,12 @@ class ElasticRun(StaticRun):
             return
         measured = throughput_before(settled, self.planner)
         before = self.plan
-        self.progress(f"{self.run_id}: plan at {t:.0f}s: {decision.plan.reason}")
+        self.run.progress(f"{self.run.run_id}: plan at {t:.0f}s: {decision.plan.reason}")
         self._apply(state, decision.plan)
-        self._starts.append(len(self.samples))
-        applied_at = self.clock() - self.start
+        self._starts.append(len(self.run.samples))
+        applied_at = self.run.clock.monotonic() - self.run.start
         # What now runs (an abandoned PS change keeps the old PS).
-        self.plan = dataclasses.replace(decision.plan, workers=self.workers, ps=self.ps)
+        self.plan = dataclasses.replace(decision.plan, workers=self.run.workers, ps=self.run.ps)
         self.last_step = ScalingStep(
             time=applied_at,
             before=before,
@@ -540,17 +532,17 @@ class ElasticRun(StaticRun):
                 ps=self.plan.ps,
             )
         )
-        self.events.append(
+        self.run.events.append(
             JobEvent(time=round(applied_at, 3), kind="scale", detail=self.plan.reason)
         )
 
     def _apply_actions(self, state: MasterState, plan: ResourcePlan) -> None:
         """Stage 3's node actions (see :mod:`dlrover_kfp.core.planner.post_scale`)."""
-        t = self.clock() - self.start
-        ps_target = self.ps
+        t = self.run.clock.monotonic() - self.run.start
+        ps_target = self.run.ps
         moved: set[int] = set()
         kind: EventKind
-        roles = {s.name: (s.role, s.index) for s in self.backend.statuses()}
+        roles = {s.name: (s.role, s.index) for s in self.run.backend.statuses()}
         for action in plan.actions:
             role, index = roles.get(action.node, ("", -1))
             if role == "ps":
@@ -563,13 +555,13 @@ class ElasticRun(StaticRun):
                 moved.add(index)
                 kind = "migration"
             elif action.kind in ("relaunch", "replace_worker"):
-                index = int(action.node.rsplit("-", 1)[1])
+                index = self._worker_index(action.node)
                 group = NodeGroup(
                     count=1,
-                    cpu=action.cpu or self.workers.cpu,
-                    memory_mb=action.memory_mb or self.workers.memory_mb,
+                    cpu=action.cpu or self.run.workers.cpu,
+                    memory_mb=action.memory_mb or self.run.workers.memory_mb,
                 )
-                self._stop(action.node)
+                self.run.stop(action.node)
                 self._launch_worker(index, group)
                 kind = "relaunch" if action.kind == "relaunch" else "straggler"
             else:
@@ -578,35 +570,35 @@ class ElasticRun(StaticRun):
                 # (or when a PS switch, which does not wait for it, stops it).
                 self._reassigned[action.node] = len(self._starts)
                 kind = "straggler"
-            self.events.append(
+            self.run.events.append(
                 JobEvent(time=round(t, 3), kind=kind, node=action.node, detail=action.reason)
             )
-            self.progress(f"{self.run_id}: {action.node}: {action.reason}")
+            self.run.progress(f"{self.run.run_id}: {action.node}: {action.reason}")
         # The workers as the plan has them (Stage 3 may give some up to make room in the
         # quota), with the memory a relaunch gave any of them.
         workers = NodeGroup(
-            count=min(self.workers.count, plan.workers.count),
-            cpu=self.workers.cpu,
-            memory_mb=max(self.workers.memory_mb, plan.workers.memory_mb),
+            count=min(self.run.workers.count, plan.workers.count),
+            cpu=self.run.workers.cpu,
+            memory_mb=max(self.run.workers.memory_mb, plan.workers.memory_mb),
         )
         target = dataclasses.replace(plan, workers=workers, ps=ps_target)
-        if ps_target == self.ps and moved and self.migration == "live":
+        if ps_target == self.run.ps and moved and self.migration == "live":
             # Same size: only the hot PS move, each to a new pod (a contended node left).
-            self._apply(state, dataclasses.replace(target, ps=self.ps))
+            self._apply(state, dataclasses.replace(target, ps=self.run.ps))
             for index in sorted(moved):
                 change = move_ps(
                     self._current_pods(), index, self.ctx.quota_cpu, self.ctx.quota_memory_mb
                 )
-                self._switch_ps(state, self.ps, frozenset({index}), live=change.live)
-        elif ps_target == self.ps and moved:
+                self._switch_ps(state, self.run.ps, frozenset({index}), live=change.live)
+        elif ps_target == self.run.ps and moved:
             self._restart_with(state, target)
         else:
             self._apply(state, target)
-        self.workers = NodeGroup(
-            count=self.workers.count, cpu=self.workers.cpu, memory_mb=workers.memory_mb
+        self.run.workers = NodeGroup(
+            count=self.run.workers.count, cpu=self.run.workers.cpu, memory_mb=workers.memory_mb
         )
-        self.plan = dataclasses.replace(plan, workers=self.workers, ps=self.ps)
-        applied = round(self.clock() - self.start, 3)
+        self.plan = dataclasses.replace(plan, workers=self.run.workers, ps=self.run.ps)
+        applied = round(self.run.clock.monotonic() - self.run.start, 3)
         self.plans.append(
             AppliedPlan(
                 time=applied,
@@ -619,18 +611,19 @@ class ElasticRun(StaticRun):
 
     def _current_pods(self) -> list[Pod]:
         pods = [
-            Pod(role="worker", index=k, cpu=self.workers.cpu, memory_mb=self.workers.memory_mb)
-            for k in range(self.workers.count)
+            Pod(
+                role="worker",
+                index=k,
+                cpu=self.run.workers.cpu,
+                memory_mb=self.run.workers.memory_mb,
+            )
+            for k in range(self.run.workers.count)
         ]
         pods += [
-            Pod(role="ps", index=k, cpu=self.ps.cpu, memory_mb=self.ps.memory_mb)
-            for k in range(self.ps.count)
+            Pod(role="ps", index=k, cpu=self.run.ps.cpu, memory_mb=self.run.ps.memory_mb)
+            for k in range(self.run.ps.count)
         ]
         return pods
-
-    def _stop(self, name: str) -> None:
-        self._stopping.add(name)
-        self.backend.delete(name)
 
     def _apply(self, state: MasterState, target: ResourcePlan) -> None:
         """Turn the running pods into ``target``, in :func:`reconcile`'s order (which keeps the
@@ -644,9 +637,9 @@ class ElasticRun(StaticRun):
             self._restart_with(state, target)
             return
         for change in changes:
-            name = self._worker_name(change.index)
+            name = self.run.worker_name(change.index)
             if change.kind is ChangeKind.REMOVE_WORKER:
-                self._stop(name)
+                self.run.stop(name)
             elif change.kind is ChangeKind.REPARTITION_PS:
                 self._switch_ps(state, target.ps, None, live=change.live)
             elif change.kind is ChangeKind.MIGRATE_PS:
@@ -654,33 +647,33 @@ class ElasticRun(StaticRun):
                 self._switch_ps(state, target.ps, frozenset({change.index}), live=change.live)
             elif change.kind is ChangeKind.ADD_WORKER:
                 self._launch_worker(change.index, target.workers)
-        self.workers = target.workers
+        self.run.workers = target.workers
 
     def _restart_with(self, state: MasterState, target: ResourcePlan) -> None:
         """A PS change, stop-and-restart (see the module docstring)."""
-        paused = time.monotonic()
-        for k in range(self.workers.count):
-            self._stop(self._worker_name(k))
-        step = self._next_checkpoint_step(state)
-        self.coordinator.checkpoint(step, extra=self._checkpoint_extra(state))
-        self.coordinator.shutdown_ps()
-        self._wait_for_terminal(list(self._ps_pods.values()))
-        self.coordinator.close()
-        for name in self._ps_pods.values():
-            self._stopping.add(name)
+        paused = self.run.clock.monotonic()
+        for k in range(self.run.workers.count):
+            self.run.stop(self.run.worker_name(k))
+        step = self.run.next_checkpoint_step(state)
+        self.run.coordinator.checkpoint(step, extra=self.run.checkpoint_extra(state))
+        self.run.coordinator.shutdown_ps()
+        self._wait_for_terminal(self._ps_pod_names())
+        self.run.coordinator.close()
+        for name in self._ps_pod_names():
+            self.run.stopping.add(name)
         with state.lock:
             # The new PS restore the checkpoint just taken, the newest.
             state.job_config = {**state.job_config, "restore": True, "restore_choice": None}
         self._launch_all(state, target.ps, target.workers)
-        pause = time.monotonic() - paused
+        pause = self.run.clock.monotonic() - paused
         self.ps_pauses.append(pause)
         detail = (
             f"PS restarted ({target.ps.count} x {target.ps.cpu:g} cpu) from the checkpoint of "
             f"step {step:,}, workers restarted; training paused {pause:.2f}s"
         )
-        t = round(self.clock() - self.start, 3)
-        self.events.append(JobEvent(time=t, kind="migration", detail=detail))
-        self.progress(f"{self.run_id}: {detail}")
+        t = round(self.run.clock.monotonic() - self.run.start, 3)
+        self.run.events.append(JobEvent(time=t, kind="migration", detail=detail))
+        self.run.progress(f"{self.run.run_id}: {detail}")
 
     def _switch_ps(
         self,
@@ -702,11 +695,11 @@ class ElasticRun(StaticRun):
         self._join_retiring()  # the previous switch's checkpoint is committed
         replaced = (
             frozenset(range(target.count))
-            if moved is None or target.count != self.ps.count
+            if moved is None or target.count != self.run.ps.count
             else moved
         )
-        retired = {k for k in self._ps_pods if k in replaced or k >= target.count}
-        old_pods = [self._ps_pods[k] for k in sorted(retired)]
+        retired = {k for k in self._ps_nodes if k in replaced or k >= target.count}
+        old_pods = [self.run.pod_name(self._ps_nodes[k]) for k in sorted(retired)]
         with state.lock:
             generation = state.generation + 1
             # The new PS restore the switch's own checkpoint, the newest.
@@ -719,15 +712,15 @@ class ElasticRun(StaticRun):
             switch = state.switch = PsSwitch(generation, target.count, replaced, config)
             # An abandoned switch's generation comes again: its pods' reports are not these'.
             for k in replaced:
-                state.usage.pop(("ps", k, generation), None)
-        new_pods = {k: self._pod_name("ps", k, generation) for k in replaced}
+                state.usage.pop(NodeId("ps", k, generation), None)
+        new_nodes = {k: NodeId("ps", k, generation) for k in replaced}
+        new_pods = {k: self.run.pod_name(node) for k, node in new_nodes.items()}
         for name in new_pods.values():
             self._running_since.pop(name, None)
 
         def launch_new() -> None:
             for k in sorted(replaced):
-                pod = self._pod("ps", k, target, self.address, generation=generation)
-                self.backend.launch(pod)
+                self.run.launch(new_nodes[k], target)
 
         if live:
             # 1. The new PS start (imports, connection) while training goes on.
@@ -737,29 +730,29 @@ class ElasticRun(StaticRun):
             ):
                 return
         # 2. The workers pause; one that does not in time is stopped (its leases return).
-        paused = time.monotonic()
+        paused = self.run.clock.monotonic()
         with state.lock:
             switch.pausing = True
         unready = self._await_pause(state, switch)
         for name, silent_s in unready.items():
-            self._stop(name)
-            t = round(self.clock() - self.start, 3)
+            self.run.stop(name)
+            t = round(self.run.clock.monotonic() - self.run.start, 3)
             detail = (
                 "did not pause for the PS switch"
                 + ("" if silent_s is None else f" (silent for {silent_s:.1f}s: frozen)")
                 + ": stopped, its shards back to the queue"
             )
-            self.events.append(JobEvent(time=t, kind="straggler", node=name, detail=detail))
-            self.progress(f"{self.run_id}: {name}: {detail}")
+            self.run.events.append(JobEvent(time=t, kind="straggler", node=name, detail=detail))
+            self.run.progress(f"{self.run.run_id}: {name}: {detail}")
         # 3. A checkpoint of the quiescent PS, from which the new ones restore: live, from its
         # snapshot in shared memory, while the old PS persist it behind (they stop after).
-        step = self._next_checkpoint_step(state)
-        old = self.coordinator
+        step = self.run.next_checkpoint_step(state)
+        old = self.run.coordinator
         try:
             if live:
-                old.snapshot(step, extra=self._checkpoint_extra(state))
+                old.snapshot(step, extra=self.run.checkpoint_extra(state))
             else:
-                old.checkpoint(step, extra=self._checkpoint_extra(state))
+                old.checkpoint(step, extra=self.run.checkpoint_extra(state))
         except (TransientError, PermanentError, OSError) as exc:
             # A PS died or its disk failed mid-switch: no checkpoint to move from. The switch
             # is abandoned; the main loop sees the dead PS and rolls back as for any PS lost.
@@ -773,7 +766,7 @@ class ElasticRun(StaticRun):
         if not live:
             old.shutdown_ps(retired)
             for name in old_pods:
-                self._stopping.add(name)
+                self.run.stopping.add(name)
             self._wait_for_terminal(old_pods, timeout_s=10.0)
             launch_new()
         restored = self._await(
@@ -798,15 +791,14 @@ class ElasticRun(StaticRun):
             state.job_config = config
             state.generation = generation
             state.switch = None
-        pause = time.monotonic() - paused
-        self.ps = target
-        self.coordinator = self._new_coordinator(state, prune_tmp=False)  # the old PS still persist
+        pause = self.run.clock.monotonic() - paused
+        self.run.ps = target
+        self.run.coordinator = self.run.new_coordinator(
+            state, prune_tmp=False
+        )  # the old PS still persist
         for name in old_pods:
-            self._stopping.add(name)
-        self._ps_pods = {k: new_pods.get(k, self._ps_pods.get(k, "")) for k in range(target.count)}
-        self._ps_gens = {
-            k: generation if k in replaced else self._ps_gens.get(k, 0) for k in range(target.count)
-        }
+            self.run.stopping.add(name)
+        self._ps_nodes = {k: new_nodes.get(k) or self._ps_nodes[k] for k in range(target.count)}
         self._relaunch_workers(unready)
         self.ps_pauses.append(pause)
         detail = (
@@ -815,9 +807,9 @@ class ElasticRun(StaticRun):
             f"{'' if live else ', after the old ones stopped'}) from the checkpoint of step "
             f"{step:,}; training paused {pause:.2f}s"
         )
-        t = round(self.clock() - self.start, 3)
-        self.events.append(JobEvent(time=t, kind="migration", detail=detail))
-        self.progress(f"{self.run_id}: {detail}")
+        t = round(self.run.clock.monotonic() - self.run.start, 3)
+        self.run.events.append(JobEvent(time=t, kind="migration", detail=detail))
+        self.run.progress(f"{self.run.run_id}: {detail}")
 
     def _retire(self, old: CheckpointCoordinator, retired: set[int], pods: list[str]) -> None:
         """Once the old PS have persisted the switch's checkpoint (and it is committed), stop
@@ -830,7 +822,7 @@ class ElasticRun(StaticRun):
             except Exception as exc:
                 log.warning("stopping the old PS (their pods are deleted): %s", exc)
                 for name in pods:
-                    self.backend.delete(name)
+                    self.run.backend.delete(name)
             finally:
                 old.close()
 
@@ -843,8 +835,8 @@ class ElasticRun(StaticRun):
             thread.join()
         self._retiring.clear()
 
-    def _train(self, state: MasterState, start: float) -> None:
-        super()._train(state, start)
+    def finish(self) -> None:
+        """The PS a last switch replaced stop once its checkpoint is committed."""
         self._join_retiring()
 
     def _await(
@@ -859,25 +851,25 @@ class ElasticRun(StaticRun):
 
         A new PS that is frozen (:meth:`_frozen_new_ps`) is killed and the switch abandoned
         within _FIRST_REPORT_S of its start or _SILENT_S of its freezing, not at the timeout."""
-        deadline = time.monotonic() + self.settings.startup_timeout_s
-        while time.monotonic() < deadline:
+        deadline = self.run.clock.monotonic() + self.run.settings.startup_timeout_s
+        while self.run.clock.monotonic() < deadline:
             with state.lock:
                 if done():
                     return True
-            statuses = [s for s in self.backend.statuses() if s.name in new_pods.values()]
+            statuses = [s for s in self.run.backend.statuses() if s.name in new_pods.values()]
             failed = [s for s in statuses if s.phase.terminal]
             if failed:
-                reason = self._describe_failure(failed[0])
+                reason = self.run.describe_failure(failed[0])
                 break
             frozen = self._frozen_new_ps(state, statuses, generation)
             if frozen is not None:
                 pod, reason = frozen
-                self._stopping.add(pod)
-                self.backend.delete(pod, grace_s=0.0)  # a frozen process ignores SIGTERM
+                self.run.stopping.add(pod)
+                self.run.backend.delete(pod, grace_s=0.0)  # a frozen process ignores SIGTERM
                 break
-            time.sleep(0.005)
+            self.run.clock.sleep(0.005)
         else:
-            reason = f"the new PS did not {what} within {self.settings.startup_timeout_s:.0f}s"
+            reason = f"the new PS did not {what} within {self.run.settings.startup_timeout_s:.0f}s"
         self._abandon_switch(state, new_pods, reason)
         return False
 
@@ -888,12 +880,12 @@ class ElasticRun(StaticRun):
         _FIRST_REPORT_S without a usage report, or silent for _SILENT_S since its last one.
         Its reports come from their own thread, started before anything slow (training/node.py),
         so neither a PS loading torch nor one restoring a checkpoint is silent that long."""
-        now = self.clock()
+        now = self.run.clock.monotonic()
         for pod in pods:
             if pod.phase is not PodPhase.RUNNING:
                 continue
             since = self._running_since.setdefault(pod.name, now)
-            heard = state.last_heard("ps", pod.index, generation)
+            heard = state.last_heard(NodeId("ps", pod.index, generation))
             if heard is None and now - since > _FIRST_REPORT_S:
                 return pod.name, (
                     f"new PS {pod.name} frozen: no usage report within {now - since:.1f}s of "
@@ -911,12 +903,12 @@ class ElasticRun(StaticRun):
         with state.lock:
             state.switch = None
         for name in new_pods.values():
-            self._stop(name)
-        t = round(self.clock() - self.start, 3)
-        self.events.append(
+            self.run.stop(name)
+        t = round(self.run.clock.monotonic() - self.run.start, 3)
+        self.run.events.append(
             JobEvent(time=t, kind="failure", detail=f"PS change abandoned: {reason}")
         )
-        self.progress(f"{self.run_id}: PS change abandoned: {reason}")
+        self.run.progress(f"{self.run.run_id}: PS change abandoned: {reason}")
 
     def _await_pause(self, state: MasterState, switch: PsSwitch) -> dict[str, float | None]:
         """Wait until every running, configured worker has paused; the pods that did not, each
@@ -928,55 +920,62 @@ class ElasticRun(StaticRun):
         # A worker pauses once its current shard is done and reported: within one shard's time
         # at the median speed, two at half of it (the straggler rule's line). Four shards' time
         # (at least _PAUSE_MIN_S) leaves room for that, and a frozen one holds the job little.
-        shard_s = self._shard_s(self.samples[-5:])
+        shard_s = self._shard_s(self.run.samples[-5:])
         timeout = _PAUSE_TIMEOUT_S if shard_s is None else _PAUSE_SHARDS * shard_s
-        deadline = time.monotonic() + min(_PAUSE_TIMEOUT_S, max(_PAUSE_MIN_S, timeout))
+        deadline = self.run.clock.monotonic() + min(_PAUSE_TIMEOUT_S, max(_PAUSE_MIN_S, timeout))
         slow = {name for name, w in self._reassigned.items() if w == len(self._starts)}
         while True:
             running = [
                 s
-                for s in self.backend.statuses()
-                if s.role == "worker" and not s.phase.terminal and s.name not in self._stopping
+                for s in self.run.backend.statuses()
+                if s.role == "worker" and not s.phase.terminal and s.name not in self.run.stopping
             ]
             with state.lock:
                 waiting = [
                     s.name
                     for s in running
-                    if f"worker-{s.index}" in state.configured
-                    and f"worker-{s.index}" not in switch.ready
+                    if NodeId.worker(s.index).key in state.configured
+                    and NodeId.worker(s.index).key not in switch.ready
                 ]
             silent = self._silent(state, running)
-            if set(waiting) <= slow | silent.keys() or time.monotonic() > deadline:
+            if set(waiting) <= slow | silent.keys() or self.run.clock.monotonic() > deadline:
                 return {name: silent.get(name) for name in waiting}
-            time.sleep(0.005)
+            self.run.clock.sleep(0.005)
 
     def _silent(self, state: MasterState, pods: Sequence[PodStatus]) -> dict[str, float]:
         """The worker pods of ``pods`` that have not reported their usage for _SILENT_S: how
         long. A pod that has not reported yet is not judged (it may still be starting)."""
-        now = self.clock()
+        now = self.run.clock.monotonic()
         out = {}
         for pod in pods:
-            heard = state.last_heard("worker", pod.index)
+            heard = state.last_heard(NodeId.worker(pod.index))
             if heard is not None and now - heard > _SILENT_S:
                 out[pod.name] = now - heard
         return out
 
     def _relaunch_workers(self, names: Collection[str]) -> None:
         for name in names:
-            self._launch_worker(int(name.rsplit("-", 1)[1]), self.workers)
+            self._launch_worker(self._worker_index(name), self.run.workers)
+
+    def _worker_index(self, name: str) -> int:
+        """The index of one of the job's worker pods."""
+        node = NodeId.from_pod_name(self.run.spec.name, name)
+        if node is None or node.role != "worker":
+            raise ValueError(f"{name} is not a worker pod of job {self.run.spec.name}")
+        return node.index
 
     def _wait_for_terminal(self, names: Sequence[str], timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
+        deadline = self.run.clock.monotonic() + timeout_s
         wanted = set(names)
-        while time.monotonic() < deadline:
-            states = {s.name: s.phase for s in self.backend.statuses() if s.name in wanted}
+        while self.run.clock.monotonic() < deadline:
+            states = {s.name: s.phase for s in self.run.backend.statuses() if s.name in wanted}
             if all(phase.terminal for phase in states.values()):
                 return
-            time.sleep(0.05)
+            self.run.clock.sleep(0.05)
         for name in wanted:
-            self._stop(name)
+            self.run.stop(name)
 
-    def _applied_plans(self) -> tuple[AppliedPlan, ...]:
+    def applied_plans(self) -> tuple[AppliedPlan, ...]:
         return tuple(self.plans)
 
 
@@ -985,4 +984,34 @@ def _only(sample: RuntimeSample, pods: Collection[str]) -> RuntimeSample:
     return dataclasses.replace(sample, nodes=tuple(n for n in sample.nodes if n.name in pods))
 
 
-__all__ = ["ElasticRun"]
+def elastic_run(
+    spec: JobSpec,
+    backend: ClusterBackend,
+    options: RunOptions,
+    *,
+    plan: ResourcePlan,
+    known: Sequence[Observation] = (),
+    progress: Progress | None = None,
+    clock: Clock | None = None,
+) -> JobRun[ElasticPolicy]:
+    """A run of ``spec`` that starts from ``plan`` and applies the planner's later stages
+    (``options.planner``: the default settings when None) to its live pods."""
+    planner = options.planner or PlannerSettings()
+
+    def policy(run: JobRun[Any]) -> ElasticPolicy:
+        return ElasticPolicy(
+            run, plan=plan, planner=planner, known=known, migration=options.migration
+        )
+
+    return JobRun(
+        spec,
+        backend,
+        options,
+        groups=(plan.workers, plan.ps),
+        policy=policy,
+        progress=progress,
+        clock=clock,
+    )
+
+
+__all__ = ["ElasticPolicy", "elastic_run"]

@@ -17,16 +17,14 @@ import json
 import logging
 import math
 import shutil
-import sys
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
-from dlrover_kfp.backends import ClusterBackend, PodPhase, PodSpec, PodStatus, PodUsage
 from dlrover_kfp.core.documents import parse, to_dict, to_json
+from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.plan import NodeGroup, Stage
 from dlrover_kfp.core.profile import (
     AppliedPlan,
@@ -43,11 +41,21 @@ from dlrover_kfp.core.shards import ShardLedger
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import TransientError, UserInputError
 from dlrover_kfp.files import write_atomic
+from dlrover_kfp.ports import (
+    Clock,
+    ClusterBackend,
+    PodPhase,
+    PodSpec,
+    PodStatus,
+    PodUsage,
+    SystemClock,
+)
 from dlrover_kfp.runtime import signals
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.export import evaluate_and_export, preload_in_background
 from dlrover_kfp.runtime.liveness import FrozenPs, PsWatch, WatchedPs
 from dlrover_kfp.runtime.master import MasterService, MasterState
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.runtime.reserve import ProfileReserve
 from dlrover_kfp.runtime.rundir import (
     RunInputsChangedError,
@@ -62,38 +70,6 @@ from dlrover_kfp.training.node import THREADS_ENV
 from dlrover_kfp.training.wire import SECRET_ENV_VAR, Server, new_secret, secret_to_env
 
 log = logging.getLogger("dlrover_kfp.job")
-
-
-@dataclass(frozen=True, slots=True)
-class RunSettings:
-    """How a run is carried out (not what it trains: that is the job spec)."""
-
-    #: rows per data shard; a multiple of the synthetic generator's block keeps reads cheap
-    shard_rows: int = 8192
-    #: the tail of every data source held out for the final log-loss and AUC
-    eval_fraction: float = 0.1
-    #: every push waits for its acknowledgement (for the step-by-step correctness test)
-    synchronous: bool = False
-    #: seconds between runtime samples (per-pod CPU and memory, samples/s)
-    sample_interval_s: float = 2.0
-    #: seconds between flash checkpoints; 0 means only the final one
-    checkpoint_interval_s: float = 60.0
-    #: committed checkpoints kept on disk
-    keep_checkpoints: int = 3
-    #: torch intra-op threads per process; None sizes them from each pod's CPU
-    #: (:func:`dlrover_kfp.training.node.torch_threads`)
-    torch_threads: int | None = None
-    #: seed of the model's initial values
-    seed: int = 0
-    #: seconds allowed for the PS to start and register
-    startup_timeout_s: float = 180.0
-    #: host the master listens on; pods must reach it
-    master_host: str = "127.0.0.1"
-    #: interpreter of the pods' processes
-    python: str = field(default_factory=lambda: sys.executable)
-    #: seconds a worker may still run once every shard is done (it exits when it asks for the
-    #: next one); then it is stopped: a frozen process would otherwise hold the job forever
-    finish_grace_s: float = 30.0
 
 
 #: Tries of the final checkpoint before a run fails (1 s, 2 s, 4 s apart).
@@ -143,41 +119,32 @@ def _eta(done: int, total: int, rate: float) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f}min"
 
 
-def pod_name(job: str, role: str, index: int, generation: int = 0) -> str:
-    """A pod's name; a PS of a later generation (a changed PS set) gets its own."""
-    base = f"{job}-{role}-{index}"
-    return base if generation == 0 else f"{base}-g{generation}"
-
-
 def trainer_pod(
     job: str,
     run_id: str,
     secret: bytes,
     settings: RunSettings,
-    role: str,
-    index: int,
+    node: NodeId,
     group: NodeGroup,
     master: tuple[str, int],
-    *,
-    generation: int = 0,
 ) -> PodSpec:
     """The pod of one PS or worker of a run: the trainer's command (role, index, the master's
     address), the job secret in its env, the group's resources, the run's labels."""
     host, port = master
     return PodSpec(
-        name=pod_name(job, role, index, generation),
-        role="ps" if role == "ps" else "worker",
-        index=index,
+        name=node.pod_name(job),
+        role=node.role,
+        index=node.index,
         command=(
             settings.python,
             "-m",
             "dlrover_kfp.training.node",
-            role,
-            str(index),
+            node.role,
+            str(node.index),
             "--master",
             f"{host}:{port}",
         )
-        + (("--generation", str(generation)) if generation else ()),
+        + (("--generation", str(node.generation)) if node.generation else ()),
         env={
             SECRET_ENV_VAR: secret_to_env(secret),
             # Under a CFS quota an idle OpenMP thread must sleep, not spin: spinning burns
@@ -189,16 +156,110 @@ def trainer_pod(
         ),
         cpu=group.cpu,
         memory_mb=group.memory_mb,
-        labels={"job": job, "run": run_id, "role": role, "index": str(index)}
-        | ({"generation": str(generation)} if generation else {}),
+        labels={"job": job, "run": run_id, "role": node.role, "index": str(node.index)}
+        | ({"generation": str(node.generation)} if node.generation else {}),
     )
 
 
-class StaticRun:
-    """One run of a job with fixed resources. Build it, then call :meth:`run` once.
+class RunPolicy(Protocol):
+    """What a run does at the loop's decision points: a static run keeps its pods and fails on
+    the first failure (:class:`StaticPolicy`); an elastic one plans, resizes and relaunches
+    (:class:`~dlrover_kfp.runtime.elastic.ElasticPolicy`). The loop, the pods, the master's
+    state and the run's record are the :class:`JobRun`'s, which a policy is given."""
 
-    With ``resume``, a run that an earlier master left unfinished in ``output_dir`` (its
-    ``run.json`` is still there: the master was killed) goes on from its last committed
+    def handle_failures(self, statuses: list[PodStatus], t: float) -> None:
+        """React to failed (or frozen) pods at time ``t`` of the run; raise
+        :class:`JobFailedError` to end the run."""
+        ...
+
+    def start_failed(self, pod: PodStatus) -> None:
+        """A pod failed before every PS registered."""
+        ...
+
+    def decide(self, t: float) -> None:
+        """After each runtime sample."""
+        ...
+
+    def finish(self) -> None:
+        """Training is over (every shard done): settle what the policy left running."""
+        ...
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What the policy keeps with a checkpoint, beside the master's ledger and counts."""
+        ...
+
+    def applied_plans(self) -> tuple[AppliedPlan, ...]:
+        """The plans the run applied, for its profile."""
+        ...
+
+
+P = TypeVar("P", bound=RunPolicy)
+
+
+class StaticPolicy:
+    """A static run: the spec's own resources for the whole run; a pod that fails (or a PS that
+    freezes) fails the job, as in a plain TFJob."""
+
+    def __init__(self, run: JobRun[Any]) -> None:
+        self.run = run
+
+    def handle_failures(self, statuses: list[PodStatus], t: float) -> None:
+        run = self.run
+        failed = run.failed(statuses)
+        if failed is not None:
+            run.events.append(
+                JobEvent(
+                    time=round(t, 3),
+                    kind="oom" if failed.reason == "OOMKilled" else "failure",
+                    node=failed.name,
+                    detail=run.describe_failure(failed),
+                )
+            )
+            raise JobFailedError(run.describe_failure(failed))
+        # A frozen PS (runtime/liveness.py) fails the job as a failed one does; killed at once,
+        # since a frozen process cannot act on SIGTERM and the cleanup must not wait on it.
+        frozen = run.ps_watch.frozen(
+            {k: WatchedPs(k, 0, run.pod_name(NodeId("ps", k))) for k in range(run.ps.count)}
+        )
+        if frozen is not None:
+            raise JobFailedError(f"pod {frozen.pod} {run.kill_frozen(frozen)}")
+
+    def start_failed(self, pod: PodStatus) -> None:
+        raise JobFailedError(self.run.describe_failure(pod))
+
+    def decide(self, t: float) -> None:
+        """Nothing to decide: the resources are the spec's."""
+
+    def finish(self) -> None:
+        """Nothing left running."""
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        return {}
+
+    def applied_plans(self) -> tuple[AppliedPlan, ...]:
+        run = self.run
+        return (
+            AppliedPlan(
+                time=0.0,
+                stage=Stage.MANUAL,
+                reason="the spec's own resources (--static)",
+                workers=run.workers,
+                ps=run.ps,
+            ),
+        )
+
+
+class JobRun(Generic[P]):
+    """One run of a job: build it, then call :meth:`run` once.
+
+    Everything the run holds is built here, before it starts: the dataset and its split, the
+    shard ledger, the master's state, the PS watch, the record (samples, events), and the
+    policy (:class:`RunPolicy`) that decides at the loop's hooks. Only what exists while the
+    run's pods do is made by :meth:`run`, and it is declared here: the master's server (its
+    :attr:`address`) and the :attr:`coordinator` of the current PS set.
+
+    With ``options.resume``, a run that an earlier master left unfinished in ``output_dir``
+    (its ``run.json`` is still there: the master was killed) goes on from its last committed
     checkpoint: the same run id, the shard ledger and the counts committed with the
     parameters, every PS restored from that checkpoint; the shards done after it are trained
     again and counted once.
@@ -208,26 +269,25 @@ class StaticRun:
         self,
         spec: JobSpec,
         backend: ClusterBackend,
+        options: RunOptions,
         *,
-        output_dir: Path,
-        base_dir: Path,
-        settings: RunSettings | None = None,
-        run_id: str | None = None,
+        groups: tuple[NodeGroup, NodeGroup],
+        policy: Callable[[JobRun[Any]], P],
         progress: Progress | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        groups: tuple[NodeGroup, NodeGroup] | None = None,
-        resume: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self.spec = spec
         self.backend = backend
+        self.options = options
         # Absolute: paths in it go to pods, whose working directory is not this one's.
-        output_dir = output_dir.absolute()
+        output_dir = options.output_dir.absolute()
         self.output_dir = output_dir
-        self.base_dir = base_dir
-        self.settings = settings or RunSettings()
-        # The pods it starts with: the spec's own (a static run) unless given (an elastic one).
-        self.workers, self.ps = groups if groups is not None else static_groups(spec)
-        self.started_wall = time.time()
+        base_dir = self.base_dir = options.base_dir
+        self.settings = options.settings
+        self.clock: Clock = clock or SystemClock()
+        #: the shape the pods have now: the one it starts with, which an elastic run changes
+        self.workers, self.ps = groups
+        self.started_wall = self.clock.now()
         #: the committed checkpoint an interrupted run of this output directory resumes from
         self.resume_from: ckpt.CheckpointChoice | None = None
         #: seconds the run had been going before this master started (a resumed run)
@@ -241,7 +301,7 @@ class StaticRun:
             shard_rows=self.settings.shard_rows,
             eval_fraction=self.settings.eval_fraction,
         )
-        previous = unfinished_run(output_dir) if resume else None
+        previous = unfinished_run(output_dir) if options.resume else None
         #: the events the earlier master journalled in its run file (a resumed run)
         self.journalled: list[JobEvent] = []
         self._journal_failed = False
@@ -264,17 +324,18 @@ class StaticRun:
                 parse(JobEvent, e, str(output_dir / RUN_FILE), prefix=f"events[{i}].")
                 for i, e in enumerate(previous.get("events") or [])
             ]
-            run_id = str(previous["run_id"])
+            run_id: str | None = str(previous["run_id"])
             self._earlier_s = max(0.0, self.started_wall - float(previous["started_wall"]))
             self.started_wall = float(previous["started_wall"])
             choice = ckpt.select_checkpoint(output_dir / "checkpoints")
             if choice is not None and choice.job_id == run_id:
                 self.resume_from = choice
+        else:
+            run_id = options.run_id
         stamp = datetime.fromtimestamp(self.started_wall, UTC).strftime("%Y%m%dT%H%M%S")
         self.run_id = run_id or f"{spec.name}-{stamp}"
         self.resumed = previous is not None
         self.progress = progress or (lambda line: log.info("%s", line))
-        self.clock = clock
         self.samples: list[RuntimeSample] = []
         self.events: list[JobEvent] = []
         #: per worker index: (time, samples reported) at its previous runtime sample
@@ -284,9 +345,9 @@ class StaticRun:
         #: the job's global step when that checkpoint was started
         self._checkpoint_trained = -1
         #: pods this master stops on purpose (an elastic run's resizes): not failures
-        self._stopping: set[str] = set()
+        self.stopping: set[str] = set()
         #: the last spec built for each pod name (what its self-reported usage is against)
-        self._launched: dict[str, PodSpec] = {}
+        self.launched: dict[str, PodSpec] = {}
 
         self.dataset_rows = sum(dataset.source_rows)
         train, self.eval_ranges = split_ranges(
@@ -298,34 +359,77 @@ class StaticRun:
             tuple((r.source, r.start, r.end) for r in train), epochs=spec.training.epochs
         )
         self.secret = new_secret()
+        self.checkpoint_dir = output_dir / "checkpoints"
+        #: the master's server while the run's pods live (:meth:`run` starts and closes it)
+        self.server: Server | None = None
+        self._coordinator: CheckpointCoordinator | None = None
+        #: the monotonic time the run's timeline counts from (a resumed run's goes on)
+        self.start = self.clock.monotonic() - self._earlier_s
+        self.policy: P = policy(self)
+        # After the policy: a resumed elastic run goes on at the shape it had (its policy sets
+        # it from the checkpoint), and the master serves that many PS.
+        self.state = MasterState(
+            ledger=self.ledger,
+            num_ps=self.ps.count,
+            job_config={
+                "spec": to_dict(spec),
+                "base_dir": str(base_dir.resolve()),
+                "num_ps": self.ps.count,
+                "synchronous": self.settings.synchronous,
+                "seed": self.settings.seed,
+                "checkpoint_dir": str(self.checkpoint_dir.resolve()),
+                "job_id": self.run_id,
+            },
+        )
+        self.ps_watch = PsWatch(self.state, self.secret, self.clock.monotonic)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.reserve = ProfileReserve(output_dir)  # a full disk still takes the profile
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where the pods reach the master."""
+        if self.server is None:
+            raise RuntimeError("the master is not serving: JobRun.run() starts it")
+        return self.server.address
+
+    @property
+    def coordinator(self) -> CheckpointCoordinator:
+        """The checkpoint coordinator of the current PS set (once every PS serves)."""
+        if self._coordinator is None:
+            raise RuntimeError("no checkpoint coordinator before every PS serves")
+        return self._coordinator
+
+    @coordinator.setter
+    def coordinator(self, coordinator: CheckpointCoordinator) -> None:
+        self._coordinator = coordinator
+
+    def t(self) -> float:
+        """Seconds on the run's timeline."""
+        return self.clock.monotonic() - self.start
 
     # -- pods ----------------------------------------------------------------------------------
 
-    def _pod_name(self, role: str, index: int, generation: int = 0) -> str:
-        return pod_name(self.spec.name, role, index, generation)
+    def pod_name(self, node: NodeId) -> str:
+        return node.pod_name(self.spec.name)
 
-    def _pod(
-        self,
-        role: str,
-        index: int,
-        group: NodeGroup,
-        master: tuple[str, int],
-        *,
-        generation: int = 0,
-    ) -> PodSpec:
+    def worker_name(self, index: int) -> str:
+        return self.pod_name(NodeId.worker(index))
+
+    def pod(self, node: NodeId, group: NodeGroup) -> PodSpec:
+        """The pod of ``node`` at ``group``'s size, remembered as what ``node`` now runs as."""
         pod = trainer_pod(
-            self.spec.name,
-            self.run_id,
-            self.secret,
-            self.settings,
-            role,
-            index,
-            group,
-            master,
-            generation=generation,
+            self.spec.name, self.run_id, self.secret, self.settings, node, group, self.address
         )
-        self._launched[pod.name] = pod
+        self.launched[pod.name] = pod
         return pod
+
+    def launch(self, node: NodeId, group: NodeGroup) -> None:
+        self.backend.launch(self.pod(node, group))
+
+    def stop(self, name: str) -> None:
+        """Stop a pod on purpose: its end is no failure."""
+        self.stopping.add(name)
+        self.backend.delete(name)
 
     def _self_reported(self, state: MasterState, measured: set[str]) -> dict[str, PodUsage]:
         """Usage of the pods the backend did not measure (a cluster without a metrics API),
@@ -333,11 +437,11 @@ class StaticRun:
         only fresh reports (two sample intervals and a bit), from pods launched by this run."""
         max_age = 2 * self.settings.sample_interval_s + 3.0
         out = {}
-        for (role, index, generation), (cores, rss) in state.self_reported_usage(
-            self.clock(), max_age
+        for node, (cores, rss) in state.self_reported_usage(
+            self.clock.monotonic(), max_age
         ).items():
-            name = self._pod_name(role, index, generation)
-            pod = self._launched.get(name)
+            name = self.pod_name(node)
+            pod = self.launched.get(name)
             if name in measured or pod is None:
                 continue
             out[name] = PodUsage(
@@ -351,64 +455,24 @@ class StaticRun:
             )
         return out
 
-    def _failed(self, statuses: list[PodStatus]) -> PodStatus | None:
+    def failed(self, statuses: list[PodStatus]) -> PodStatus | None:
         """The first failed pod, leaving out the ones this master stopped on purpose."""
         return next(
-            (s for s in statuses if s.phase is PodPhase.FAILED and s.name not in self._stopping),
+            (s for s in statuses if s.phase is PodPhase.FAILED and s.name not in self.stopping),
             None,
         )
 
-    def _worker_name(self, index: int) -> str:
-        return self._pod_name("worker", index)
-
-    # -- hooks of the loop (a static run: a failure fails the job, nothing is decided) -------
-
-    def _handle_failures(self, statuses: list[PodStatus], t: float) -> None:
-        """React to failed pods; the static run fails the job on the first one."""
-        failed = self._failed(statuses)
-        if failed is not None:
-            self.events.append(
-                JobEvent(
-                    time=round(t, 3),
-                    kind="oom" if failed.reason == "OOMKilled" else "failure",
-                    node=failed.name,
-                    detail=self._describe_failure(failed),
-                )
-            )
-            raise JobFailedError(self._describe_failure(failed))
-        # A frozen PS (runtime/liveness.py) fails the job as a failed one does; killed at once,
-        # since a frozen process cannot act on SIGTERM and the cleanup must not wait on it.
-        frozen = self.ps_watch.frozen(
-            {k: WatchedPs(k, 0, self._pod_name("ps", k)) for k in range(self.ps.count)}
-        )
-        if frozen is not None:
-            raise JobFailedError(f"pod {frozen.pod} {self._kill_frozen(frozen)}")
-
-    def _kill_frozen(self, frozen: FrozenPs) -> str:
+    def kill_frozen(self, frozen: FrozenPs) -> str:
         """Kill a frozen PS at once (a stopped process cannot act on SIGTERM, and no cleanup
         may wait on it), record the failure event, and return its detail."""
-        self._stopping.add(frozen.pod)
+        self.stopping.add(frozen.pod)
         self.backend.delete(frozen.pod, grace_s=0.0)
         detail = f"{frozen.detail}: killed"
-        t = self.clock() - self.start  # after the probe
+        t = self.t()  # after the probe
         self.events.append(
             JobEvent(time=round(t, 3), kind="failure", node=frozen.pod, detail=detail)
         )
         return detail
-
-    def _decide(self, state: MasterState, t: float) -> None:
-        """After each runtime sample: the elastic run plans and applies here."""
-
-    def _applied_plans(self) -> tuple[AppliedPlan, ...]:
-        return (
-            AppliedPlan(
-                time=0.0,
-                stage=Stage.MANUAL,
-                reason="the spec's own resources (--static)",
-                workers=self.workers,
-                ps=self.ps,
-            ),
-        )
 
     # -- observation ---------------------------------------------------------------------------
 
@@ -481,18 +545,18 @@ class StaticRun:
             + "\n",
         )
 
-    def _rebase_rates(self, state: MasterState, t: float) -> None:
+    def rebase_rates(self, state: MasterState, t: float) -> None:
         """Each worker's rate counts from what it has reported by ``t``: counts restored from
         a checkpoint (a resumed run, a rollback) were not trained in the next interval."""
         with state.lock:
-            self._worker_last = {
-                int(index): (t, stats.samples)
-                for name, stats in state.workers.items()
-                for role, _, index in [name.rpartition("-")]
-                if role == "worker" and index.isdigit()
-            }
+            reported = {NodeId.from_key(key): stats.samples for key, stats in state.workers.items()}
+        self._worker_last = {
+            node.index: (t, samples)
+            for node, samples in reported.items()
+            if node is not None and node.role == "worker"
+        }
 
-    def _next_checkpoint_step(self, state: MasterState) -> int:
+    def next_checkpoint_step(self, state: MasterState) -> int:
         """The step a new checkpoint is written as: the job's global step, but above every
         step a checkpoint was started as before. Two checkpoints of one step would share one
         ``step-N.tmp`` directory (a PS switch's old PS and the new ones, say), and after a
@@ -502,14 +566,14 @@ class StaticRun:
         self._checkpoint_trained = trained
         return self._checkpoint_step
 
-    def _restored_at(self, state: MasterState, step: int) -> None:
+    def restored_at(self, state: MasterState, step: int) -> None:
         """The job was restored from the checkpoint of ``step`` (a resume, a rollback): what
         is trained from here is new since it, and later checkpoints go above it."""
         self._checkpoint_step = max(self._checkpoint_step, step)
         self._checkpoint_trained = state.totals()[1]
 
     def _worker_rate(self, index: int, per_worker: dict[str, int], t: float) -> float:
-        done = per_worker.get(f"worker-{index}", 0)
+        done = per_worker.get(NodeId.worker(index).key, 0)
         t0, s0 = self._worker_last.get(index, (0.0, 0))
         self._worker_last[index] = (t, done)
         return (done - s0) / (t - t0) if t > t0 else 0.0
@@ -517,33 +581,21 @@ class StaticRun:
     # -- the run -------------------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.reserve = ProfileReserve(self.output_dir)  # a full disk still takes the profile
-        checkpoint_dir = self.output_dir / "checkpoints"
+        if self.server is not None:
+            raise RuntimeError("a JobRun runs once")
+        checkpoint_dir = self.checkpoint_dir
         if not self.resumed and checkpoint_dir.exists():
             # A new run owns its directory: an earlier run's checkpoints would be restored by
             # nothing, and one at the same step would stand in for this run's final one.
             shutil.rmtree(checkpoint_dir)
         self._journal()
-        state = MasterState(
-            ledger=self.ledger,
-            num_ps=self.ps.count,
-            job_config={
-                "spec": to_dict(self.spec),
-                "base_dir": str(self.base_dir.resolve()),
-                "num_ps": self.ps.count,
-                "synchronous": self.settings.synchronous,
-                "seed": self.settings.seed,
-                "checkpoint_dir": str(checkpoint_dir.resolve()),
-                "job_id": self.run_id,
-            },
-        )
+        state = self.state
         if self.resume_from is not None:
             choice = self.resume_from
             with state.lock:
-                self._restore_master(state, choice)
+                self.restore_master(state, choice)
                 done = sum(w.samples for w in state.workers.values())
-            self._restored_at(state, choice.step)
+            self.restored_at(state, choice.step)
             self.events.append(
                 JobEvent(
                     time=round(self._earlier_s, 3),
@@ -558,28 +610,24 @@ class StaticRun:
             )
         elif self.resumed:
             self.progress(f"{self.run_id}: resuming from the start (no committed checkpoint)")
-        service = MasterService(state, clock=self.clock)
-        server = Server(
+        service = MasterService(state, clock=self.clock.monotonic)
+        server = self.server = Server(
             (self.settings.master_host, 0),
             self.secret,
             service.handle,
             on_disconnect=service.on_disconnect,
         )
         server.serve_in_thread(name="master")
-        start = self.clock()
+        # A resumed run's clock goes on from where the earlier master's left off, so that its
+        # samples, events and plans continue one timeline (t_resumed = t_now - start + earlier).
+        self.start = self.clock.monotonic() - self._earlier_s
         status, reason = "failed", ""
         metrics = Metrics()
         model_dir: Path | None = None
-        coordinator: CheckpointCoordinator | None = None
-        self.state = state
-        self.address = server.address
-        self.checkpoint_dir = checkpoint_dir
-        self.ps_watch = PsWatch(state, self.secret, self.clock)
         try:
-            address = server.address
             self.progress(f"{self.run_id}: pod limits: {self.backend.enforcement}")
             for k in range(self.ps.count):
-                self.backend.launch(self._pod("ps", k, self.ps, address))
+                self.launch(NodeId("ps", k), self.ps)
             self.progress(
                 f"{self.run_id}: starting {self.ps.count} PS "
                 f"({self.ps.cpu:g} cpu, {self.ps.memory_mb} MiB each)"
@@ -587,7 +635,7 @@ class StaticRun:
 
             def launch_workers() -> None:
                 for k in range(self.workers.count):
-                    self.backend.launch(self._pod("worker", k, self.workers, address))
+                    self.launch(NodeId.worker(k), self.workers)
                 self.progress(
                     f"{self.run_id}: {self.workers.count} workers ({self.workers.cpu:g} cpu, "
                     f"{self.workers.memory_mb} MiB each), {len(self.ledger.ranges)} shards x "
@@ -595,13 +643,13 @@ class StaticRun:
                 )
 
             preload_in_background()
-            self._wait_for_ps(state, start, launch_workers)
-            coordinator = self.coordinator = self._new_coordinator(state)
-            self._train(state, start)
-            coordinator = self.coordinator
-            self._final_checkpoint(state, self._next_checkpoint_step(state))
+            self.wait_for_ps(state, self.clock.monotonic(), launch_workers)
+            self.coordinator = self.new_coordinator(state)
+            self._train(state)
+            self.policy.finish()
+            self._final_checkpoint(state, self.next_checkpoint_step(state))
             try:
-                coordinator.shutdown_ps()
+                self.coordinator.shutdown_ps()
             except (TimeoutError, ConnectionError) as exc:
                 # The model is committed; a PS that does not take its stop is stopped by the
                 # backend in the release below.
@@ -628,8 +676,8 @@ class StaticRun:
             reason = str(exc)
             self.progress(f"{self.run_id}: FAILED: {reason}")
         finally:
-            self._release(server, checkpoints=coordinator is not None)
-        jct = self.clock() - start + self._earlier_s
+            self._release(server)
+        jct = self.t()
         samples, _, _, _ = state.totals()
         profile = self._profile(status, reason, jct, samples, metrics)
         self._write_profile(profile)
@@ -653,7 +701,7 @@ class StaticRun:
             self.reserve.release()
 
     @signals.uninterruptible
-    def _release(self, server: Server, *, checkpoints: bool) -> None:
+    def _release(self, server: Server) -> None:
         """Stop the pods and the master's server and free the run's shared memory: the same on
         every way out (success, failure, Ctrl-C, SIGTERM, SIGHUP). Stop signals never interrupt
         it, and a step that fails does not skip the next (a second signal only cuts the pods'
@@ -663,11 +711,11 @@ class StaticRun:
             steps.callback(ckpt.cleanup_shm, self.run_id)
             steps.callback(server.close)
             steps.callback(self.backend.close)
-            if checkpoints:
+            if self._coordinator is not None:
                 # The current one: an elastic run replaces it when it restarts the PS.
-                steps.callback(self.coordinator.close)
+                steps.callback(self._coordinator.close)
 
-    def _new_coordinator(
+    def new_coordinator(
         self, state: MasterState, *, prune_tmp: bool = True
     ) -> CheckpointCoordinator:
         return CheckpointCoordinator(
@@ -678,19 +726,21 @@ class StaticRun:
             prune_tmp=prune_tmp,
         )
 
-    def _checkpoint_extra(self, state: MasterState) -> dict[str, Any]:
-        """The master's own state that goes with a checkpoint (:meth:`MasterState.committed`)."""
+    def checkpoint_extra(self, state: MasterState) -> dict[str, Any]:
+        """What goes with a checkpoint: the master's own state (:meth:`MasterState.committed`:
+        the ledger and counts) and the policy's (an elastic run's shape and timeline)."""
         with state.lock:
-            return state.committed()
+            extra = state.committed()
+        return {**extra, **self.policy.checkpoint_extra()}
 
-    def _restore_master(self, state: MasterState, choice: ckpt.CheckpointChoice | None) -> None:
+    def restore_master(self, state: MasterState, choice: ckpt.CheckpointChoice | None) -> None:
         """Go back to ``choice`` (None: the job's start): the master's ledger and counts from
         it, and the PS started next told to restore exactly it. Call with ``state.lock`` held."""
         state.restore_committed(None if choice is None else choice.extra, self.ledger)
         state.job_config["restore"] = choice is not None
         state.job_config["restore_choice"] = None if choice is None else choice.to_dict()
 
-    def _wait_for_ps(
+    def wait_for_ps(
         self, state: MasterState, start: float, launch_workers: Callable[[], None]
     ) -> None:
         """Until every PS serves (it registered its address), launching the workers as soon as
@@ -713,28 +763,23 @@ class StaticRun:
                 launched = True
             if registered:
                 return
-            failed = self._failed(ps)
+            failed = self.failed(ps)
             if failed is not None:
-                self._start_failed(failed)
-                start = self.clock()  # a relaunched PS gets the whole start-up time again
-            if self.clock() - start > self.settings.startup_timeout_s:
+                self.policy.start_failed(failed)
+                start = self.clock.monotonic()  # a relaunched PS gets the whole start-up time again
+            if self.clock.monotonic() - start > self.settings.startup_timeout_s:
                 raise JobFailedError(
                     f"the PS did not start within {self.settings.startup_timeout_s:.0f}s"
                 )
-            time.sleep(0.05)
-
-    def _start_failed(self, pod: PodStatus) -> None:
-        """A pod failed before every PS registered: a static run fails (an elastic one
-        relaunches a PS)."""
-        raise JobFailedError(self._describe_failure(pod))
+            self.clock.sleep(0.05)
 
     def _wait_for_exit(self, timeout_s: float) -> None:
         """Let the pods finish on their own (the PS exit after ``shutdown``) before cleanup."""
-        deadline = self.clock() + timeout_s
-        while self.clock() < deadline:
+        deadline = self.clock.monotonic() + timeout_s
+        while self.clock.monotonic() < deadline:
             if all(s.phase.terminal for s in self.backend.statuses()):
                 return
-            time.sleep(0.05)
+            self.clock.sleep(0.05)
 
     def _show_progress(self, state: MasterState) -> None:
         """The progress line of the newest sample."""
@@ -750,30 +795,26 @@ class StaticRun:
             f"eta {_eta(trained, total, recent)}"
         )
 
-    def _describe_failure(self, pod: PodStatus) -> str:
+    def describe_failure(self, pod: PodStatus) -> str:
         """The pod, how it ended and, when its output says, why (its last error line)."""
         why = f": {pod.message}" if pod.message else ""
         return f"pod {pod.name} {pod.reason or 'failed'} (exit code {pod.exit_code}){why}"
 
-    def _train(self, state: MasterState, start: float) -> None:
+    def _train(self, state: MasterState) -> None:
         s = self.settings
-        # A resumed run's clock goes on from where the earlier master's left off, so that its
-        # samples, events and plans continue one timeline (t_resumed = t_now - start + earlier).
-        start -= self._earlier_s
-        self.start = start
-        t0 = self.clock() - start
+        t0 = self.t()
         # Rates are over what this master saw: a resumed run's restored counts are not new.
         trained, _, loss_sum, _ = state.totals()
         last_sample = (t0, trained, loss_sum)
-        self._rebase_rates(state, t0)
+        self.rebase_rates(state, t0)
         next_sample = t0 + s.sample_interval_s
         next_checkpoint = t0 + s.checkpoint_interval_s if s.checkpoint_interval_s > 0 else math.inf
         finished_at: float | None = None  # when the last shard was done
         while True:
-            time.sleep(0.1)
-            t = self.clock() - start
+            self.clock.sleep(0.1)
+            t = self.t()
             statuses = self.backend.statuses()
-            self._handle_failures(statuses, t)
+            self.policy.handle_failures(statuses, t)
             # Done when every shard is done and no worker is still running (each exits once
             # it gets no more shards; a failed one was handled above).
             running = [s_ for s_ in statuses if s_.role == "worker" and not s_.phase.terminal]
@@ -800,9 +841,9 @@ class StaticRun:
                 last_sample = self._sample(state, t, last_sample)
                 next_sample = t + s.sample_interval_s
                 self._show_progress(state)
-                self._decide(state, t)
+                self.policy.decide(t)
                 # Applying a plan takes time: the next sample starts a fresh window.
-                t = self.clock() - start
+                t = self.t()
                 if self.samples and t - self.samples[-1].time > s.sample_interval_s:
                     trained, _, loss_sum, _ = state.totals()
                     last_sample = (t, trained, loss_sum)
@@ -814,9 +855,9 @@ class StaticRun:
                 # Nothing trained since the last one (workers paused, say): nothing to save.
                 fresh = state.totals()[1] != self._checkpoint_trained
                 if fresh and not self.coordinator.busy:
-                    steps = self._next_checkpoint_step(state)
+                    steps = self.next_checkpoint_step(state)
                     self.coordinator.checkpoint(
-                        steps, extra=self._checkpoint_extra(state), wait=False
+                        steps, extra=self.checkpoint_extra(state), wait=False
                     )
                     self.progress(f"flash checkpoint of step {steps:,} started")
                 next_checkpoint = t + s.checkpoint_interval_s
@@ -841,7 +882,7 @@ class StaticRun:
         """Workers still running ``idle_s`` after the last shard was done: nothing is left for
         them, so each is frozen or stuck; stop it, and say so in the profile."""
         for pod in running:
-            self._stopping.add(pod.name)
+            self.stopping.add(pod.name)
             self.backend.delete(pod.name)
             detail = (
                 f"still running {idle_s:.0f}s after every shard was done (frozen or stuck): stopped"
@@ -858,21 +899,21 @@ class StaticRun:
         delay = 1.0
         for attempt in range(1, FINAL_CHECKPOINT_ATTEMPTS + 1):
             try:
-                self.coordinator.checkpoint(step, extra=self._checkpoint_extra(state))
+                self.coordinator.checkpoint(step, extra=self.checkpoint_extra(state))
                 return
             except ckpt.CheckpointWriteError as exc:
-                self._checkpoint_failed(exc, self.clock() - self.start)
+                self._checkpoint_failed(exc, self.t())
                 if attempt == FINAL_CHECKPOINT_ATTEMPTS:
                     raise JobFailedError(
                         f"the final checkpoint of step {step:,} failed {attempt} times ({exc}); "
                         f"the committed ones stay in {self.checkpoint_dir}"
                     ) from None
-                time.sleep(delay)
+                self.clock.sleep(delay)
                 delay *= 2
             except (TimeoutError, ConnectionError) as exc:
                 # A PS that froze or went away after the last shard: no answer within the
                 # master's bounded RPC time (runtime/checkpoints.py), so no model to export.
-                self._checkpoint_failed(exc, self.clock() - self.start)
+                self._checkpoint_failed(exc, self.t())
                 raise JobFailedError(
                     f"the final checkpoint of step {step:,}: a PS did not answer ({exc})"
                 ) from None
@@ -898,7 +939,7 @@ class StaticRun:
             run_id=self.run_id,
             started_at=started,
             job=profile_job(self.spec, rows=self.dataset_rows),
-            plans=self._applied_plans(),
+            plans=self.policy.applied_plans(),
             samples=tuple(self.samples),
             events=tuple(self.events),
             outcome=Outcome(
@@ -910,3 +951,37 @@ class StaticRun:
             metrics=metrics,
             limits=LimitEnforcement(cpu=self.backend.cpu_enforced, detail=self.backend.enforcement),
         )
+
+
+def static_run(
+    spec: JobSpec,
+    backend: ClusterBackend,
+    options: RunOptions,
+    *,
+    progress: Progress | None = None,
+    clock: Clock | None = None,
+) -> JobRun[StaticPolicy]:
+    """A run of ``spec`` at its own resources (``resources.workers``/``resources.ps``)."""
+    return JobRun(
+        spec,
+        backend,
+        options,
+        groups=static_groups(spec),
+        policy=StaticPolicy,
+        progress=progress,
+        clock=clock,
+    )
+
+
+__all__ = [
+    "JobFailedError",
+    "JobRun",
+    "Meter",
+    "Progress",
+    "RunPolicy",
+    "RunResult",
+    "StaticPolicy",
+    "static_groups",
+    "static_run",
+    "trainer_pod",
+]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +28,14 @@ from dlrover_kfp.backends.k8s_objects import (
     secret_keys,
     secret_name,
 )
+from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import UserInputError
-from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings, trainer_pod
+from dlrover_kfp.runtime.job import Progress, RunResult, trainer_pod
 from dlrover_kfp.runtime.launch import run_job
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.runtime.rundir import hold_output_dir
 from dlrover_kfp.training.wire import new_secret
 
@@ -103,10 +105,10 @@ def dry_run_manifests(
     key = new_secret()
     master = (settings.master_host, 0)
     pods = [
-        trainer_pod(spec.name, run_id, key, settings, "ps", k, plan.ps, master)
+        trainer_pod(spec.name, run_id, key, settings, NodeId("ps", k), plan.ps, master)
         for k in range(plan.ps.count)
     ] + [
-        trainer_pod(spec.name, run_id, key, settings, "worker", k, plan.workers, master)
+        trainer_pod(spec.name, run_id, key, settings, NodeId.worker(k), plan.workers, master)
         for k in range(plan.workers.count)
     ]
     known: dict[tuple[str, str], str] = {}
@@ -134,47 +136,24 @@ def dry_run_manifests(
 
 
 def run_kubernetes(
-    spec: JobSpec,
-    opts: KubeOptions,
-    *,
-    output_dir: Path,
-    base_dir: Path,
-    settings: RunSettings,
-    progress: Progress,
-    history_url: str | None = None,
-    static: bool = False,
-    resume: bool = False,
-    planner: PlannerSettings | None = None,
-    plan: ResourcePlan | None = None,
-    record: bool = True,
-    fresh: bool = False,
+    spec: JobSpec, kube: KubeOptions, options: RunOptions, *, progress: Progress
 ) -> RunResult:
-    """:func:`run_job` with the pods on Kubernetes (cluster planner settings by default),
-    holding ``output_dir`` as :func:`~dlrover_kfp.runtime.launch.run_local` does."""
+    """:func:`run_job` with the pods on Kubernetes (cluster planner settings unless
+    ``options.planner`` is given), holding ``options.output_dir`` as
+    :func:`~dlrover_kfp.runtime.launch.run_local` does."""
     # the client library is an extra; imported only when a run starts
     from dlrover_kfp.backends.kubernetes import KubernetesBackend, load_client  # noqa: PLC0415
 
-    check_output_dir(opts, output_dir)
-    kube = kube_settings(opts)
-    api = load_client(opts.kubeconfig, opts.context)
+    check_output_dir(kube, options.output_dir)
+    cluster = kube_settings(kube)
+    api = load_client(kube.kubeconfig, kube.context)
     with (
-        hold_output_dir(output_dir, fresh=fresh, progress=progress) as held,
-        KubernetesBackend(api, kube, job=spec.name) as backend,
+        hold_output_dir(options.output_dir, fresh=options.fresh, progress=progress) as held,
+        KubernetesBackend(api, cluster, job=spec.name) as backend,
     ):
-        return run_job(
-            spec,
-            backend,
-            output_dir=held,
-            base_dir=base_dir,
-            settings=settings,
-            progress=progress,
-            history_url=history_url,
-            static=static,
-            resume=resume,
-            planner=planner or PlannerSettings(),
-            plan=plan,
-            record=record,
-        )
+        planner = options.planner or PlannerSettings()
+        options = replace(options, output_dir=held, planner=planner)
+        return run_job(spec, backend, options, progress=progress)
 
 
 __all__ = [

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from pathlib import Path
 
 from dlrover_kfp.backends import ClusterBackend, LocalBackend
 from dlrover_kfp.core.documents import to_json
-from dlrover_kfp.core.plan import ResourcePlan
-from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import UserInputError
@@ -26,8 +23,9 @@ from dlrover_kfp.history import open_history
 from dlrover_kfp.history.pending import record_or_keep
 from dlrover_kfp.planning import check_plan, known_points, local_planner_settings, plan_start
 from dlrover_kfp.runtime import signals
-from dlrover_kfp.runtime.elastic import ElasticRun
-from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings, StaticRun, static_groups
+from dlrover_kfp.runtime.elastic import elastic_run
+from dlrover_kfp.runtime.job import Progress, RunResult, static_groups, static_run
+from dlrover_kfp.runtime.options import RunOptions
 from dlrover_kfp.runtime.reserve import reserve_path
 from dlrover_kfp.runtime.rundir import hold_output_dir
 
@@ -45,74 +43,60 @@ def unwind_on_sigterm() -> None:
 def run_job(
     spec: JobSpec,
     backend: ClusterBackend,
+    options: RunOptions,
     *,
-    output_dir: Path,
-    base_dir: Path,
-    settings: RunSettings,
     progress: Progress,
-    history_url: str | None = None,
-    static: bool = False,
-    run_id: str | None = None,
-    resume: bool = False,
-    planner: PlannerSettings | None = None,
-    plan: ResourcePlan | None = None,
-    record: bool = True,
 ) -> RunResult:
-    """Train ``spec`` to the end on ``backend``, writing ``output_dir`` (profile.json, the
-    model, the checkpoints).
+    """Train ``spec`` to the end on ``backend``, writing ``options.output_dir`` (profile.json,
+    the model, the checkpoints).
 
-    Elastic unless ``static`` (the spec's own resources for the whole run), planned with
-    ``planner`` (default: :func:`local_planner_settings`, for pods on one machine). The run
-    starts from ``plan`` when one is given (a pipeline's plan step made it), else from Stage
-    1's plan. With ``history_url`` the start is planned from that history (or ``plan``'s
-    similar jobs are read from it) and, with ``record``, the profile recorded in it. With
-    ``resume``, a run an earlier master left unfinished in ``output_dir`` (killed) goes on from
-    its last committed checkpoint (:class:`~dlrover_kfp.runtime.job.StaticRun`).
+    Elastic unless ``options.static`` (the spec's own resources for the whole run), planned
+    with ``options.planner`` (default: :func:`local_planner_settings`, for pods on one machine).
+    The run starts from ``options.plan`` when one is given (a pipeline's plan step made it),
+    else from Stage 1's plan. With ``options.history_url`` the start is planned from that
+    history (or the given plan's similar jobs are read from it) and, with ``options.record``,
+    the profile recorded in it. With ``options.resume``, a run an earlier master left
+    unfinished in the output dir (killed) goes on from its last committed checkpoint
+    (:class:`~dlrover_kfp.runtime.job.JobRun`).
     """
-    run: StaticRun
-    if static:
-        if history_url is not None:
-            # A static run reads no history, but it records into one: a store that cannot be
-            # opened should fail the command now, not after the whole job has trained.
-            open_history(history_url).close()
-        check_plan(spec, *static_groups(spec), source="resources (a --static run)")
-        run = StaticRun(
-            spec,
-            backend,
-            output_dir=output_dir,
-            base_dir=base_dir,
-            settings=settings,
-            run_id=run_id,
-            progress=progress,
-            resume=resume,
-        )
+    if options.static:
+        result = _run_static(spec, backend, options, progress)
     else:
-        planner = planner or local_planner_settings()
-        if plan is None:
-            plan, known = plan_start(spec, history_url, planner)
-            source = f"the starting plan ({plan.stage.value})"
-        else:
-            known = known_points(history_url, plan)
-            source = "the given plan (--plan)"
-        check_plan(spec, plan.workers, plan.ps, source=source)
-        progress(f"{spec.name}: starting plan ({plan.stage.value}): {plan.reason}")
-        run = ElasticRun(
-            spec,
-            backend,
-            plan=plan,
-            planner=planner,
-            output_dir=output_dir,
-            base_dir=base_dir,
-            settings=settings,
-            run_id=run_id,
-            progress=progress,
-            known=known,
-            resume=resume,
-        )
-    result = run.run()
-    if history_url is not None and record:
-        result = record_run(history_url, result, progress)
+        result = _run_elastic(spec, backend, options, progress)
+    if options.history_url is not None and options.record:
+        result = record_run(options.history_url, result, progress)
     return result
+
+
+def _run_static(
+    spec: JobSpec, backend: ClusterBackend, options: RunOptions, progress: Progress
+) -> RunResult:
+    if options.history_url is not None:
+        # A static run reads no history, but it records into one: a store that cannot be
+        # opened should fail the command now, not after the whole job has trained.
+        open_history(options.history_url).close()
+    check_plan(spec, *static_groups(spec), source="resources (a --static run)")
+    return static_run(spec, backend, options, progress=progress).run()
+
+
+def _run_elastic(
+    spec: JobSpec, backend: ClusterBackend, options: RunOptions, progress: Progress
+) -> RunResult:
+    """The elastic run from the given plan, else Stage 1's, checked against the minimums
+    first. The planner's default is filled in here, once: Stage 1 and the run's later stages
+    then plan with the same settings."""
+    planner = options.planner or local_planner_settings()
+    options = dataclasses.replace(options, planner=planner)
+    if options.plan is None:
+        plan, known = plan_start(spec, options.history_url, planner)
+        source = f"the starting plan ({plan.stage.value})"
+    else:
+        plan = options.plan
+        known = known_points(options.history_url, plan)
+        source = "the given plan (--plan)"
+    check_plan(spec, plan.workers, plan.ps, source=source)
+    progress(f"{spec.name}: starting plan ({plan.stage.value}): {plan.reason}")
+    return elastic_run(spec, backend, options, plan=plan, known=known, progress=progress).run()
 
 
 def record_run(history_url: str, result: RunResult, progress: Progress) -> RunResult:
@@ -139,41 +123,17 @@ def record_run(history_url: str, result: RunResult, progress: Progress) -> RunRe
     return dataclasses.replace(result, profile=profile)
 
 
-def run_local(
-    spec: JobSpec,
-    *,
-    output_dir: Path,
-    base_dir: Path,
-    settings: RunSettings,
-    progress: Progress,
-    history_url: str | None = None,
-    static: bool = False,
-    run_id: str | None = None,
-    resume: bool = False,
-    plan: ResourcePlan | None = None,
-    record: bool = True,
-    fresh: bool = False,
-) -> RunResult:
+def run_local(spec: JobSpec, options: RunOptions, *, progress: Progress) -> RunResult:
     """:func:`run_job` with the pods as local processes (their logs under ``logs/``), holding
-    ``output_dir`` for the whole run (:func:`~dlrover_kfp.runtime.rundir.hold_output_dir`: a
-    second run into it is refused; with ``fresh`` an earlier run's files are archived first)."""
+    ``options.output_dir`` for the whole run (:func:`~dlrover_kfp.runtime.rundir.hold_output_dir`:
+    a second run into it is refused; with ``options.fresh`` an earlier run's files are archived
+    first)."""
     with (
-        hold_output_dir(output_dir, fresh=fresh, progress=progress) as held,
+        hold_output_dir(options.output_dir, fresh=options.fresh, progress=progress) as held,
         LocalBackend(held / "logs", cut_short=signals.hurried) as backend,
     ):
         return run_job(
-            spec,
-            backend,
-            output_dir=held,
-            base_dir=base_dir,
-            settings=settings,
-            progress=progress,
-            history_url=history_url,
-            static=static,
-            run_id=run_id,
-            resume=resume,
-            plan=plan,
-            record=record,
+            spec, backend, dataclasses.replace(options, output_dir=held), progress=progress
         )
 
 

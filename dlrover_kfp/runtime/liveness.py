@@ -20,6 +20,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.errors import DlroverKfpError
 from dlrover_kfp.runtime.master import MasterState
 from dlrover_kfp.training.master_protocol import USAGE_INTERVAL_S
@@ -101,7 +102,7 @@ class PsWatch:
         SILENT_S since that answer."""
         now = self.clock()
         for k, watched in sorted(ps.items()):
-            heard = self.state.last_heard("ps", k, watched.generation)
+            heard = self.state.last_heard(NodeId("ps", k, watched.generation))
             since = self._since.setdefault(watched.pod, now)
             last = max(since, self._answered.get(watched.pod, since))
             if heard is not None:

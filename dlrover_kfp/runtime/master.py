@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from dlrover_kfp.core.node_id import NodeId, holder_name
 from dlrover_kfp.core.shards import ShardLedger
 from dlrover_kfp.training.master_protocol import (
     CONFIG,
@@ -104,7 +105,7 @@ def lease_holder(meta: dict[str, Any]) -> str:
     incarnation = meta.get("incarnation")
     if incarnation is not None and not isinstance(incarnation, str | int):
         raise ValueError(f"meta key 'incarnation' must be a token, got {incarnation!r:.60}")
-    return worker if incarnation is None else f"{worker}#{incarnation}"
+    return holder_name(worker, incarnation)
 
 
 @dataclass
@@ -160,15 +161,13 @@ class MasterState:
     #: how long training stood still at worst (a PS switch, a restart)
     last_report_at: float | None = None
     longest_report_gap_s: float = 0.0
-    #: per pod (role, index, generation), its last two own usage reports: (master clock at
-    #: arrival, cumulative CPU seconds, resident MiB, the pod's own clock at the reading)
-    usage: dict[tuple[str, int, int], list[tuple[float, float, float, float]]] = field(
-        default_factory=dict
-    )
+    #: per pod, its last two own usage reports: (master clock at arrival, cumulative CPU
+    #: seconds, resident MiB, the pod's own clock at the reading)
+    usage: dict[NodeId, list[tuple[float, float, float, float]]] = field(default_factory=dict)
 
     def self_reported_usage(
         self, now: float, max_age_s: float
-    ) -> dict[tuple[str, int, int], tuple[float, float]]:
+    ) -> dict[NodeId, tuple[float, float]]:
         """(cores, resident MiB) of every pod that reported twice, its last report at most
         ``max_age_s`` old: cores = (cpu₂ - cpu₁) / (a₂ - a₁) over its last two reports, ``a``
         the pod's own clock at each reading. The arrival times would not do: a report held up
@@ -184,10 +183,10 @@ class MasterState:
                     out[key] = (max(0.0, (c2 - c1) / (a2 - a1)), rss)
         return out
 
-    def last_heard(self, role: str, index: int, generation: int = 0) -> float | None:
+    def last_heard(self, node: NodeId) -> float | None:
         """When (master clock) the pod last reported its usage; None if it has not yet."""
         with self.lock:
-            readings = self.usage.get((role, index, generation))
+            readings = self.usage.get(node)
             return readings[-1][0] if readings else None
 
     def committed(self) -> dict[str, Any]:
@@ -306,7 +305,7 @@ class MasterService:
             if role == "worker":
                 if not state.all_ps_registered or self._pausing() is not None:
                     return Message("config", {"wait": True}, ())
-                state.configured[f"worker-{index}"] = state.generation
+                state.configured[NodeId.worker(index).key] = state.generation
             addresses = [list(state.ps_addresses[k]) for k in sorted(state.ps_addresses)]
             config = {**state.job_config, "ps": addresses, "generation": state.generation}
         return Message("config", config, ())
@@ -376,8 +375,11 @@ class MasterService:
         return Message("ok", reply, ())
 
     def _usage(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
-        key = (
-            _name(meta, "role", USAGE),
+        role = _name(meta, "role", USAGE)
+        if role not in ("worker", "ps"):
+            raise ValueError(f"{USAGE}: meta key 'role' must be 'worker' or 'ps', got {role!r:.60}")
+        key = NodeId(
+            "ps" if role == "ps" else "worker",
             _int(meta, "index", USAGE),
             _int(meta, "generation", USAGE, default=0),
         )

@@ -5,22 +5,22 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from dlrover_kfp import __version__
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import read_document
-from dlrover_kfp.runtime.job import Progress, RunResult, RunSettings
+from dlrover_kfp.runtime.job import Progress, RunResult
 from dlrover_kfp.runtime.kube import DEFAULT_MOUNT_PATH, KubeOptions, master_host, run_kubernetes
 from dlrover_kfp.runtime.launch import record_run, run_local
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.steps.spec import (
     TrainingFailedError,
     check_backend,
     history_url_or_default,
     load_job_spec,
-    planner_for,
 )
 
 #: Where a pod finds its own namespace (every pod with a service account token has it).
@@ -66,58 +66,48 @@ def _own_namespace() -> str:
         ) from None
 
 
+#: The run options of a job spec whose relative data paths resolve against the given directory:
+#: the spec file's, known only once the step has loaded the spec. A new run option is a field of
+#: :class:`RunOptions` the caller sets, not a parameter of :func:`train_step`.
+OptionsFor = Callable[[Path], RunOptions]
+
+
 def train_step(
     job_spec: str,
-    plan: ResourcePlan | None,
+    options_for: OptionsFor,
     *,
-    output_dir: Path,
-    history_url: str | None = None,
     backend: str = "kubernetes",
     kube: KubeOptions | None = None,
-    settings: RunSettings | None = None,
     progress: Progress = print,
 ) -> RunResult:
-    """Train ``job_spec`` from ``plan`` (Stage 1's own plan when None) to the end, elastic,
-    writing ``output_dir`` (profile.json, model/, checkpoints). A run that succeeds is not
-    recorded (the record step does it); a failed one is, then :class:`TrainingFailedError`."""
+    """Train ``job_spec`` to the end, elastic, with the options ``options_for`` gives for the
+    spec file's directory: from their plan (Stage 1's own plan when None), writing their
+    output dir (profile.json, model/, checkpoints), reading their history (else the default
+    one: :func:`~dlrover_kfp.steps.spec.history_url_or_default`). A run that succeeds is not
+    recorded whatever ``record`` says (the record step does it, so that a pipeline records each
+    run once); a failed one is, then :class:`TrainingFailedError`."""
     check_backend(backend)
     loaded = load_job_spec(job_spec)
-    url = history_url_or_default(history_url)
-    settings = settings or RunSettings()
+    options = options_for(loaded.base_dir)
+    url = history_url_or_default(options.history_url)
+    options = dataclasses.replace(options, history_url=url, record=False)
     if backend == "local":
-        result = run_local(
-            loaded.spec,
-            output_dir=output_dir,
-            base_dir=loaded.base_dir,
-            settings=settings,
-            progress=progress,
-            history_url=url,
-            plan=plan,
-            record=False,
-        )
+        result = run_local(loaded.spec, options, progress=progress)
     else:
         if kube is None:
             raise UserInputError("backend kubernetes: no cluster options given")
         # the pods run the image's interpreter, not this one's path
-        settings = dataclasses.replace(settings, master_host=master_host(kube), python="python")
-        result = run_kubernetes(
-            loaded.spec,
-            kube,
-            output_dir=output_dir,
-            base_dir=loaded.base_dir,
-            settings=settings,
-            progress=progress,
-            history_url=url,
-            planner=planner_for(backend),
-            plan=plan,
-            record=False,
+        settings = dataclasses.replace(
+            options.settings, master_host=master_host(kube), python="python"
         )
+        options = dataclasses.replace(options, settings=settings)
+        result = run_kubernetes(loaded.spec, kube, options, progress=progress)
     if not result.succeeded:
         result = record_run(url, result, progress)
         reason = result.profile.outcome.reason or "see the profile's events"
         raise TrainingFailedError(
             f"{loaded.spec.name}: run {result.profile.run_id} failed: {reason} (its profile is "
-            f"in the history and in {output_dir / 'profile.json'})"
+            f"in the history and in {options.output_dir / 'profile.json'})"
         )
     return result
 
@@ -126,6 +116,9 @@ __all__ = [
     "DEFAULT_MOUNT_PATH",
     "IMAGE_ENV",
     "KubeOptions",
+    "OptionsFor",
+    "RunOptions",
+    "RunSettings",
     "in_cluster_options",
     "read_plan",
     "train_step",

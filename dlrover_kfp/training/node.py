@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import psutil  # type: ignore[import-untyped, unused-ignore]
 
 from dlrover_kfp.core.documents import parse
+from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.pod_env import POD_CPU_ENV
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import DlroverKfpError
@@ -293,7 +294,7 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
 
     from dlrover_kfp.training.step import WorkerModel  # noqa: PLC0415
 
-    name = f"worker-{index}"
+    name = NodeId.worker(index).key  # what it reports under to the master
     # This process's own lease holder id (see runtime/master.py): a relaunch gets a new one.
     incarnation = f"{os.getpid()}-{secrets.token_hex(4)}"
     master = _reach(master_address, secret)

@@ -1,4 +1,4 @@
-"""One behavioural suite for every :class:`~dlrover_kfp.backends.api.ClusterBackend`.
+"""One behavioural suite for every :class:`~dlrover_kfp.ports.ClusterBackend`.
 
 :class:`ClusterBackendContract` holds what any backend must do, written only against the port.
 A backend's test class inherits it and provides three fixtures:

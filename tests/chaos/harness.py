@@ -45,8 +45,9 @@ from dlrover_kfp.core.planner.settings import NodeLimits
 from dlrover_kfp.core.profile import JobEvent, JobProfile, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.ports import PodPhase, PodStatus
-from dlrover_kfp.runtime.elastic import ElasticRun
-from dlrover_kfp.runtime.job import RunResult, RunSettings
+from dlrover_kfp.runtime.elastic import ElasticPolicy, elastic_run
+from dlrover_kfp.runtime.job import JobRun, RunResult
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.training.data import open_dataset, split_ranges
 
 #: Held-out log-loss a faulty run may differ by from the fault-free run's. Asynchronous PS
@@ -273,7 +274,7 @@ class Pods(Protocol):
 
 @dataclass
 class Injector:
-    """Applies a schedule to a running :class:`ElasticRun` on a :class:`LocalBackend`."""
+    """Applies a schedule to a running elastic :class:`JobRun` on a :class:`LocalBackend`."""
 
     schedule: Sequence[Injection]
     #: fills the checkpoint disk for :attr:`Fault.DISK_FULL` (and frees it after a while)
@@ -301,13 +302,13 @@ class Injector:
                     "(exit 0) before the eater reached its limit"
                 )
 
-    def __call__(self, run: ElasticRun, backend: Pods) -> None:
+    def __call__(self, run: JobRun[ElasticPolicy], backend: Pods) -> None:
         try:
             self._inject(run, backend)
         except BaseException as exc:  # reported by the test, not lost in a thread
             self.error = exc
 
-    def _inject(self, run: ElasticRun, backend: Pods) -> None:
+    def _inject(self, run: JobRun[ElasticPolicy], backend: Pods) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             committed = (
@@ -332,7 +333,7 @@ class Injector:
                 break
             self._apply(run, backend, job, injection)
 
-    def _live_pod(self, run: ElasticRun, role: str, index: int) -> PodStatus | None:
+    def _live_pod(self, run: JobRun[ElasticPolicy], role: str, index: int) -> PodStatus | None:
         """The running pod of that role and index (a PS moved or restored has a new name)."""
         return next(
             (
@@ -343,7 +344,7 @@ class Injector:
             None,
         )
 
-    def _await_pod(self, run: ElasticRun, backend: Pods, role: str, index: int) -> None:
+    def _await_pod(self, run: JobRun[ElasticPolicy], backend: Pods, role: str, index: int) -> None:
         """Until that pod runs (and is not stopped), for up to RELAUNCH_WAIT_S: a fault that
         comes while an earlier one's pod is relaunched hits the new pod, as it would in a
         cluster, instead of being skipped."""
@@ -357,7 +358,7 @@ class Injector:
                     return
             time.sleep(0.05)
 
-    def _apply(self, run: ElasticRun, backend: Pods, job: str, inj: Injection) -> None:
+    def _apply(self, run: JobRun[ElasticPolicy], backend: Pods, job: str, inj: Injection) -> None:
         role = "ps" if inj.fault in PS_FAULTS else "worker"
         if inj.fault is not Fault.DISK_FULL:
             self._await_pod(run, backend, role, inj.index)
@@ -574,19 +575,12 @@ def run_chaos(
     )
     out = out or tmp_path / "out"
     injector = Injector(schedule, fill_disk=fill_disk)
-    runs: list[ElasticRun] = []
+    runs: list[JobRun[ElasticPolicy]] = []
     with LocalBackend(tmp_path / "logs") as backend:
-        run = ElasticRun(
-            spec,
-            backend,
-            plan=plan,
-            planner=PLANNER,
-            output_dir=out,
-            base_dir=tmp_path,
-            settings=SETTINGS,
-            progress=lambda line: None,
-            resume=resume,
+        options = RunOptions(
+            output_dir=out, base_dir=tmp_path, settings=SETTINGS, resume=resume, planner=PLANNER
         )
+        run = elastic_run(spec, backend, options, plan=plan, progress=lambda line: None)
         runs.append(run)
         thread = threading.Thread(target=injector, args=(run, backend), daemon=True)
         if schedule:
@@ -604,7 +598,7 @@ def run_chaos(
     return result, outcome
 
 
-def _report(run: ElasticRun, injector: Injector, path: Path) -> None:
+def _report(run: JobRun[ElasticPolicy], injector: Injector, path: Path) -> None:
     """Every 50 ms, what the harness of a master in its own process needs to kill it at a
     point of progress and to account for its faults after: progress, the master's port, whether
     a checkpoint is committed, the run clock, and the faults injected so far."""
@@ -634,7 +628,9 @@ def _report(run: ElasticRun, injector: Injector, path: Path) -> None:
         time.sleep(0.05)
 
 
-def measure(seed: int, injector: Injector, run: ElasticRun, result: RunResult) -> ChaosOutcome:
+def measure(
+    seed: int, injector: Injector, run: JobRun[ElasticPolicy], result: RunResult
+) -> ChaosOutcome:
     """What a finished chaos run measured: its profile's counts and events, its ledger's rows
     done, against the rows the data itself says should be trained."""
     profile: JobProfile = result.profile

@@ -14,7 +14,8 @@ import pytest
 from dlrover_kfp.backends.k8s_objects import KubernetesSettings, RetryPolicy
 from dlrover_kfp.backends.kubernetes import KubernetesBackend, load_client
 from dlrover_kfp.core.plan import ResourcePlan, Stage
-from dlrover_kfp.runtime.elastic import ElasticRun
+from dlrover_kfp.runtime.elastic import elastic_run
+from dlrover_kfp.runtime.options import RunOptions
 from tests.chaos.harness import (
     PLANNER,
     ROWS,
@@ -93,16 +94,13 @@ def test_faults_on_kubernetes_lose_nothing(
             retry=RetryPolicy(initial_s=0.1, max_s=2.0),
         )
         with KubernetesBackend(client, kube, job=spec.name) as backend:
-            run = ElasticRun(
-                spec,
-                backend,
-                plan=plan,
-                planner=PLANNER,
+            options = RunOptions(
                 output_dir=tmp_path / "out",
                 base_dir=tmp_path,
                 settings=dataclasses.replace(SETTINGS, python="python"),
-                progress=lambda line: None,
+                planner=PLANNER,
             )
+            run = elastic_run(spec, backend, options, plan=plan, progress=lambda line: None)
             thread = threading.Thread(
                 target=injector, args=(run, _KubeletPods(kubelet)), daemon=True
             )

@@ -22,7 +22,8 @@ from dlrover_kfp.backends import cgroups as cg
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime.job import RunSettings, StaticRun
+from dlrover_kfp.runtime.job import static_run
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 
 #: The held-out log-loss of the asynchronous run may exceed the synchronous one by this much
 #: (about 3% of it); the spread between two synchronous runs here is ~0.003.
@@ -45,19 +46,14 @@ def train(tmp_path: Path, *, synchronous: bool) -> JobProfile:
     spec = parse(JobSpec, load_text(SPEC, "test"), "test")
     out = tmp_path / ("sync" if synchronous else "async")
     with LocalBackend(out / "logs") as backend:
-        result = StaticRun(
-            spec,
-            backend,
-            output_dir=out,
-            base_dir=tmp_path,
-            settings=RunSettings(
-                synchronous=synchronous,
-                checkpoint_interval_s=0.0,
-                shard_rows=2048,
-                sample_interval_s=2.0,
-            ),
-            progress=lambda line: None,
-        ).run()
+        settings = RunSettings(
+            synchronous=synchronous,
+            checkpoint_interval_s=0.0,
+            shard_rows=2048,
+            sample_interval_s=2.0,
+        )
+        options = RunOptions(output_dir=out, base_dir=tmp_path, settings=settings)
+        result = static_run(spec, backend, options, progress=lambda line: None).run()
     assert result.succeeded, result.profile.outcome.reason
     return result.profile
 

@@ -25,8 +25,9 @@ from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime.elastic import ElasticRun
-from dlrover_kfp.runtime.job import RunResult, RunSettings
+from dlrover_kfp.runtime.elastic import ElasticPolicy, elastic_run
+from dlrover_kfp.runtime.job import JobRun, RunResult
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.training.wire import secret_to_env
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.fakes.kubelet import FakeKubelet
@@ -53,7 +54,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[FakeApiServer, FakeKubelet]]:
         yield api, kubelet
 
 
-During = Callable[[ElasticRun, FakeApiServer, FakeKubelet], None]
+During = Callable[[JobRun[ElasticPolicy], FakeApiServer, FakeKubelet], None]
 
 
 def _run(
@@ -76,22 +77,19 @@ def _run(
         reason="the user's guess",
     )
     with KubernetesBackend(client, kube, job=spec.name) as backend:
-        run = ElasticRun(
-            spec,
-            backend,
-            plan=plan,
-            planner=planner,
+        options = RunOptions(
             output_dir=tmp_path / "out",
             base_dir=tmp_path,
             settings=dataclasses.replace(settings, python="python"),
-            progress=lambda line: None,
+            planner=planner,
         )
+        run = elastic_run(spec, backend, options, plan=plan, progress=lambda line: None)
         if during is not None:
             threading.Thread(target=during, args=(run, api, kubelet), daemon=True).start()
         return run.run()
 
 
-def _training(run: ElasticRun, deadline: float) -> None:
+def _training(run: JobRun[ElasticPolicy], deadline: float) -> None:
     while time.monotonic() < deadline:
         if run.samples and run.samples[-1].throughput > 0:
             return
@@ -113,11 +111,11 @@ def test_scale_up_ps_move_worker_sigkill_and_eviction_on_kubernetes(
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
     done: dict[str, str] = {}
 
-    def faults(run: ElasticRun, api: FakeApiServer, kubelet: FakeKubelet) -> None:
+    def faults(run: JobRun[ElasticPolicy], api: FakeApiServer, kubelet: FakeKubelet) -> None:
         deadline = time.monotonic() + 240
         # after the first auto-scale step, with the grown shape training
         while time.monotonic() < deadline:
-            steps = [p for p in run.plans if p.stage is Stage.AUTO_SCALE]
+            steps = [p for p in run.policy.plans if p.stage is Stage.AUTO_SCALE]
             last = run.samples[-1] if run.samples else None
             if steps and last and last.time > steps[0].time + 3 and last.throughput > 0:
                 break
@@ -177,7 +175,7 @@ def test_an_oom_killed_worker_is_relaunched_bigger_on_kubernetes(
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
     seen: dict[str, object] = {}
 
-    def watch_objects(run: ElasticRun, api: FakeApiServer, kubelet: FakeKubelet) -> None:
+    def watch_objects(run: JobRun[ElasticPolicy], api: FakeApiServer, kubelet: FakeKubelet) -> None:
         seen["secret"] = secret_to_env(run.secret)
         _training(run, time.monotonic() + 120)
         seen["pods"] = api.list_objects("pods", NAMESPACE)
@@ -219,7 +217,7 @@ def test_a_run_rides_out_an_api_storm_a_throttle_and_an_expired_watch(
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
     done: dict[str, float] = {}
 
-    def storm(run: ElasticRun, api: FakeApiServer, kubelet: FakeKubelet) -> None:
+    def storm(run: JobRun[ElasticPolicy], api: FakeApiServer, kubelet: FakeKubelet) -> None:
         _training(run, time.monotonic() + 120)
         api.storm(10.0, code=500)
         time.sleep(10.0)

@@ -22,8 +22,9 @@ from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.planner.settings import NodeLimits
 from dlrover_kfp.core.spec import JobSpec, SyntheticData
-from dlrover_kfp.runtime.elastic import ElasticRun
-from dlrover_kfp.runtime.job import RunResult, RunSettings
+from dlrover_kfp.runtime.elastic import ElasticPolicy, elastic_run
+from dlrover_kfp.runtime.job import JobRun, RunResult
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 
 MODEL = (
     "{embedding_dim: 8, table_sizes: [1000, 50, 7, 3000, 20000, 500], dense_features: 13, "
@@ -84,16 +85,8 @@ def _run(
     )
     out = tmp_path / "out"
     with LocalBackend(out / "logs") as backend:
-        run = ElasticRun(
-            spec,
-            backend,
-            plan=plan,
-            planner=planner,
-            output_dir=out,
-            base_dir=tmp_path,
-            settings=settings,
-            progress=lambda line: None,
-        )
+        options = RunOptions(output_dir=out, base_dir=tmp_path, settings=settings, planner=planner)
+        run = elastic_run(spec, backend, options, plan=plan, progress=lambda line: None)
         if callable(during):
             threading.Thread(target=during, args=(run, backend), daemon=True).start()
         return run.run()
@@ -152,7 +145,7 @@ def test_a_worker_deleted_by_someone_else_is_relaunched_and_nothing_is_lost(
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
     killed: dict[str, float] = {}
 
-    def delete_a_worker(run: ElasticRun, backend: LocalBackend) -> None:
+    def delete_a_worker(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if run.samples and run.samples[-1].throughput > 0:
@@ -199,7 +192,7 @@ def test_a_worker_killed_with_sigkill_gives_its_shards_back_at_once_and_is_relau
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
     measured: dict[str, float] = {}
 
-    def kill_a_worker(run: ElasticRun, backend: LocalBackend) -> None:
+    def kill_a_worker(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if run.samples and run.samples[-1].throughput > 0:
@@ -283,7 +276,7 @@ def test_a_hot_ps_moves_to_a_new_pod_while_training_goes_on(tmp_path: Path) -> N
             QUIET.post_scale, hot_ps_utilization=0.0, hot_ps_cpu_growth=1.0
         ),
     )
-    runs: list[ElasticRun] = []
+    runs: list[JobRun[ElasticPolicy]] = []
     result = _run(spec, tmp_path, settings, during=lambda run, _: runs.append(run), planner=hot)
     profile = result.profile
     assert result.succeeded, profile.outcome.reason
@@ -291,8 +284,8 @@ def test_a_hot_ps_moves_to_a_new_pod_while_training_goes_on(tmp_path: Path) -> N
     moves = [e for e in profile.events if e.kind == "migration" and "moved" in e.detail]
     assert moves, profile.events
     run = runs[0]
-    assert len(run.ps_pauses) == len(moves)
-    assert max(run.ps_pauses) < 3.0, run.ps_pauses
+    assert len(run.policy.ps_pauses) == len(moves)
+    assert max(run.policy.ps_pauses) < 3.0, run.policy.ps_pauses
     # Samples/s never stays at zero for 3 s: the longest gap between two shard reports.
     assert 0 < run.state.longest_report_gap_s < 3.0
     # The moved PS's pods have new names; the old ones ended, none failed.
@@ -318,7 +311,7 @@ def test_a_ps_killed_with_sigkill_rolls_the_job_back_to_its_checkpoint(tmp_path:
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=2.0)
     seen: dict[str, float] = {}
 
-    def kill_a_ps(run: ElasticRun, backend: LocalBackend) -> None:
+    def kill_a_ps(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
         deadline = time.monotonic() + 120
         checkpoints = tmp_path / "out" / "checkpoints"
         while time.monotonic() < deadline:
@@ -375,7 +368,7 @@ def test_a_worker_whose_memory_heads_for_its_limit_is_relaunched_bigger_before_i
     )
     started: dict[str, float] = {}
 
-    def leak_in_worker_0(run: ElasticRun, backend: LocalBackend) -> None:
+    def leak_in_worker_0(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
         if not backend.cpu_enforced:
             return  # without cgroups an exec'd process is not counted against the pod
         deadline = time.monotonic() + 120

@@ -26,12 +26,14 @@ from pathlib import Path
 import pytest
 
 from dlrover_kfp.backends import LocalBackend
+from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.planner.settings import NodeLimits
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime import checkpoints, elastic, liveness
-from dlrover_kfp.runtime.elastic import ElasticRun
-from dlrover_kfp.runtime.job import RunSettings, StaticRun
+from dlrover_kfp.runtime.elastic import ElasticPolicy
+from dlrover_kfp.runtime.job import JobRun, static_run
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from tests.integration.test_elastic_run import _run, _trained_rows
 from tests.integration.test_elastic_run import _spec as elastic_spec
 
@@ -85,7 +87,7 @@ def test_a_frozen_ps_is_killed_and_the_job_rolls_back_to_its_checkpoint(tmp_path
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=CHECKPOINT_S)
     seen: dict[str, float] = {}
 
-    def freeze_a_ps(run: ElasticRun, backend: LocalBackend) -> None:
+    def freeze_a_ps(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
         out = tmp_path / "out"
         assert _until(lambda: _committed(out) and run.samples and run.samples[-1].throughput > 0)
         time.sleep(1.0)  # some shards done after the checkpoint, to be taken back
@@ -143,10 +145,10 @@ def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) ->
     )
     seen: dict[str, float] = {}
 
-    def freeze_the_new_ps(run: ElasticRun, backend: LocalBackend) -> None:
+    def freeze_the_new_ps(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
         new = "frozen-ps-0-g1"
         assert _until(lambda: backend.pid_of(new) is not None)
-        assert _until(lambda: run.state.last_heard("ps", 0, 1) is not None)
+        assert _until(lambda: run.state.last_heard(NodeId("ps", 0, 1)) is not None)
         seen["frozen"] = _freeze(backend, new)
         assert _until(
             lambda: any(
@@ -180,14 +182,8 @@ def test_a_static_run_whose_ps_freezes_fails_and_its_cleanup_is_bounded(tmp_path
     out = tmp_path / "out"
     seen: dict[str, float] = {}
     with LocalBackend(out / "logs") as backend:
-        run = StaticRun(
-            spec,
-            backend,
-            output_dir=out,
-            base_dir=tmp_path,
-            settings=settings,
-            progress=lambda line: None,
-        )
+        options = RunOptions(output_dir=out, base_dir=tmp_path, settings=settings)
+        run = static_run(spec, backend, options, progress=lambda line: None)
 
         def freeze_the_ps() -> None:
             assert _until(lambda: _committed(out) and run.samples and run.samples[-1].throughput)

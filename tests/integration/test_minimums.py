@@ -20,8 +20,9 @@ from dlrover_kfp.core.footprint import min_ps_memory_mb
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner.quota import BelowMinimumError
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime.job import RunSettings, StaticRun
+from dlrover_kfp.runtime.job import static_run
 from dlrover_kfp.runtime.launch import run_local
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.training.data import open_dataset, split_ranges
 from dlrover_kfp.training.wire import secret_to_env
 
@@ -86,17 +87,12 @@ def test_a_ps_below_the_models_minimum_is_refused_before_any_pod_starts(tmp_path
 
 
 def _refused(tmp_path: Path, spec: JobSpec, **how: Any) -> tuple[str, float]:
-    """``run_local``'s refusal of ``spec`` (its message), and how long it took."""
+    """``run_local``'s refusal of ``spec`` (its message), and how long it took; ``how`` are
+    the run options besides the directories."""
+    options = RunOptions(output_dir=tmp_path / "out", base_dir=tmp_path, **how)
     started = time.monotonic()
     with pytest.raises(BelowMinimumError) as err:
-        run_local(
-            spec,
-            output_dir=tmp_path / "out",
-            base_dir=tmp_path,
-            settings=RunSettings(),
-            progress=lambda line: None,
-            **how,
-        )
+        run_local(spec, options, progress=lambda line: None)
     elapsed = time.monotonic() - started
     _no_pod_started(tmp_path)
     return str(err.value), elapsed
@@ -150,13 +146,8 @@ def test_a_ps_oom_killed_at_start_is_relaunched_bigger_and_the_job_trains_every_
     heavy.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{code}" "$@"\n')
     heavy.chmod(0o755)
     settings = RunSettings(sample_interval_s=0.5, checkpoint_interval_s=0.0, python=str(heavy))
-    result = run_local(
-        spec,
-        output_dir=tmp_path / "out",
-        base_dir=tmp_path,
-        settings=settings,
-        progress=lambda line: None,
-    )
+    options = RunOptions(output_dir=tmp_path / "out", base_dir=tmp_path, settings=settings)
+    result = run_local(spec, options, progress=lambda line: None)
     profile = result.profile
     assert result.succeeded, profile.outcome.reason
     dataset = open_dataset(spec.data, spec.model)
@@ -213,14 +204,8 @@ def test_a_static_runs_failure_names_what_the_pod_said(tmp_path: Path) -> None:
     broken.chmod(0o755)
     settings = RunSettings(sample_interval_s=0.5, checkpoint_interval_s=0.0, python=str(broken))
     with LocalBackend(tmp_path / "out" / "logs") as backend:
-        run = StaticRun(
-            spec,
-            backend,
-            output_dir=tmp_path / "out",
-            base_dir=tmp_path,
-            settings=settings,
-            progress=lambda line: None,
-        )
+        options = RunOptions(output_dir=tmp_path / "out", base_dir=tmp_path, settings=settings)
+        run = static_run(spec, backend, options, progress=lambda line: None)
         result = run.run()
     reason = result.profile.outcome.reason
     assert reason == (

@@ -20,7 +20,7 @@ from dlrover_kfp.quickstart import (
     quickstart_spec,
     run_quickstart,
 )
-from dlrover_kfp.runtime.job import RunSettings
+from dlrover_kfp.runtime.options import RunSettings
 
 #: 27,000 rows to train: about 2 s at round 1's 16k samples/s, so that the run usually ends
 #: before Stage 2 has the settled samples to resize it (a resize is allowed, not asserted).

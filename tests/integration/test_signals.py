@@ -29,7 +29,7 @@ import pytest
 
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime.job import RunSettings
+from dlrover_kfp.runtime.options import RunSettings
 from dlrover_kfp.training.data import open_dataset, split_ranges
 
 pytestmark = pytest.mark.skipif(

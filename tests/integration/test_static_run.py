@@ -11,6 +11,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import numpy as np
@@ -22,7 +23,8 @@ from dlrover_kfp.core.documents import json_schema, load_text, parse, to_dict
 from dlrover_kfp.core.partition import Partition
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime.job import RunResult, RunSettings, StaticRun
+from dlrover_kfp.runtime.job import JobRun, RunResult, static_run
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.training.checkpoint import list_checkpoints, load_checkpoint
 from dlrover_kfp.training.data import RowRange, open_dataset, split_ranges
 from dlrover_kfp.training.reference import ReferenceTrainer
@@ -38,11 +40,11 @@ def spec_of(text: str) -> JobSpec:
     return parse(JobSpec, load_text(text, "test"), "test")
 
 
-def static_run(
+def run_static(
     spec: JobSpec,
     tmp_path: Path,
     base_dir: Path | None = None,
-    before: Callable[[StaticRun, LocalBackend], None] | None = None,
+    before: Callable[[JobRun[Any], LocalBackend], None] | None = None,
     **settings: object,
 ) -> RunResult:
     """``spec`` run on the local backend; ``before`` sees the run and its backend first."""
@@ -50,12 +52,14 @@ def static_run(
     options.update(settings)
     out = tmp_path / "out"
     with LocalBackend(out / "logs") as backend:
-        run = StaticRun(
+        run = static_run(
             spec,
             backend,
-            output_dir=out,
-            base_dir=base_dir or tmp_path,
-            settings=RunSettings(**options),  # type: ignore[arg-type]
+            RunOptions(
+                output_dir=out,
+                base_dir=base_dir or tmp_path,
+                settings=RunSettings(**options),  # type: ignore[arg-type]
+            ),
             progress=lambda line: None,
         )
         if before is not None:
@@ -83,7 +87,7 @@ resources:
     )
     at_launch: dict[str, tuple[int, bool]] = {}  # pod -> (PS pods running, PS serving)
 
-    def record_launches(run: StaticRun, backend: LocalBackend) -> None:
+    def record_launches(run: JobRun[Any], backend: LocalBackend) -> None:
         launch = backend.launch
 
         def recording_launch(pod: PodSpec) -> None:
@@ -94,7 +98,7 @@ resources:
 
         backend.launch = recording_launch  # type: ignore[method-assign]
 
-    result = static_run(spec, tmp_path, before=record_launches)
+    result = run_static(spec, tmp_path, before=record_launches)
     assert result.succeeded, result.profile.outcome.reason
     assert result.profile.outcome.samples_processed == 2160
     assert at_launch["overlap-ps-0"][0] == 0 and at_launch["overlap-ps-1"][0] == 1
@@ -115,7 +119,7 @@ resources:
   ps: {{count: 1, cpu: 1, memory: 2Gi}}
 """
     )
-    result = static_run(spec, tmp_path, synchronous=True, shard_rows=512, eval_fraction=0.1)
+    result = run_static(spec, tmp_path, synchronous=True, shard_rows=512, eval_fraction=0.1)
     assert result.succeeded, result.profile.outcome.reason
     assert result.model_dir is not None
     trained = torch.load(result.model_dir / "model.pt")
@@ -165,7 +169,7 @@ resources:
   ps: {{count: 2, cpu: 1, memory: 2Gi}}
 """
     )
-    result = static_run(spec, tmp_path, shard_rows=64)
+    result = run_static(spec, tmp_path, shard_rows=64)
     profile = result.profile
     assert result.succeeded, profile.outcome.reason
     assert profile.metrics.bad_rows == 2 * 2  # two bad rows, read once per epoch
@@ -191,7 +195,7 @@ resources:
   ps: {{count: 2, cpu: 1, memory: 2Gi}}
 """
     )
-    result = static_run(spec, tmp_path, shard_rows=512)
+    result = run_static(spec, tmp_path, shard_rows=512)
     assert result.succeeded, result.profile.outcome.reason
     root = result.output_dir / "checkpoints"
     assert list_checkpoints(root)
@@ -234,7 +238,7 @@ resources:
   ps: {count: 1, cpu: 1, memory: 320Mi}
 """
     )
-    result = static_run(spec, tmp_path, startup_timeout_s=60.0)
+    result = run_static(spec, tmp_path, startup_timeout_s=60.0)
     profile = result.profile
     assert profile.outcome.status == "failed"
     assert "oom-ps-0" in profile.outcome.reason
@@ -259,7 +263,7 @@ resources:
     )
     # Samples 0.6 s apart: the backend reports no usage over windows under 0.5 s (a CFS quota
     # of n periods can read (n+1)/n of itself), and 135,000 rows keep several samples busy.
-    result = static_run(
+    result = run_static(
         spec, tmp_path, shard_rows=2048, sample_interval_s=0.6, checkpoint_interval_s=0.8
     )
     assert result.succeeded, result.profile.outcome.reason
@@ -295,7 +299,7 @@ def test_a_static_run_needs_the_specs_own_resources(tmp_path: Path, missing: str
         f"training: {{batch_size: 8}}\nresources:\n" + "".join(resources.values())
     )
     with LocalBackend(tmp_path / "logs") as backend, pytest.raises(ValueError) as err:
-        StaticRun(spec, backend, output_dir=tmp_path / "o", base_dir=tmp_path)
+        static_run(spec, backend, RunOptions(output_dir=tmp_path / "o", base_dir=tmp_path))
     assert f"resources.{missing}" in str(err.value)
     assert backend.statuses() == []
 
@@ -307,12 +311,11 @@ def test_held_out_rows_are_never_trained(tmp_path: Path) -> None:
         "  workers: {count: 1, cpu: 1, memory: 2Gi}\n  ps: {count: 1, cpu: 1, memory: 2Gi}\n"
     )
     with LocalBackend(tmp_path / "logs") as backend:
-        run = StaticRun(
+        settings = RunSettings(shard_rows=128, eval_fraction=0.2)
+        run = static_run(
             spec,
             backend,
-            output_dir=tmp_path / "o",
-            base_dir=tmp_path,
-            settings=RunSettings(shard_rows=128, eval_fraction=0.2),
+            RunOptions(output_dir=tmp_path / "o", base_dir=tmp_path, settings=settings),
         )
     trained = {(s, r) for s, a, b in run.ledger.ranges for r in range(a, b)}
     held_out = {(e.source, r) for e in run.eval_ranges for r in range(e.start, e.end)}
@@ -333,7 +336,7 @@ resources:
   ps: {{count: 2, cpu: 1, memory: 1Gi}}
 """
     )
-    result = static_run(spec, tmp_path, shard_rows=2048, checkpoint_interval_s=0.3)
+    result = run_static(spec, tmp_path, shard_rows=2048, checkpoint_interval_s=0.3)
     assert result.succeeded, result.profile.outcome.reason
     root = result.output_dir / "checkpoints"
     steps = list_checkpoints(root)
@@ -359,7 +362,7 @@ def test_the_local_example_learns_the_planted_signal_in_one_epoch(tmp_path: Path
     example = Path(__file__).resolve().parents[2] / "examples" / "ctr-local.yaml"
     spec = parse(JobSpec, load_text(example.read_text(), str(example)), str(example))
     assert spec.data.rows == 200_000 and spec.training.epochs == 1
-    result = static_run(spec, tmp_path, sample_interval_s=0.5)
+    result = run_static(spec, tmp_path, sample_interval_s=0.5)
     assert result.succeeded, result.profile.outcome.reason
     metrics = result.profile.metrics
     assert metrics.eval_rows == 20_000

@@ -31,13 +31,15 @@ from dlrover_kfp.backends.k8s_objects import (
     secret_keys,
 )
 from dlrover_kfp.core.documents import load_text, parse
+from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import DlroverKfpError, UserInputError
 from dlrover_kfp.history import open_history
 from dlrover_kfp.history.engine import classify_error, create_history_engine, parse_url
-from dlrover_kfp.runtime.job import RunSettings, trainer_pod
+from dlrover_kfp.runtime.job import trainer_pod
 from dlrover_kfp.runtime.kube import KubeOptions, dry_run_manifests, kube_settings
+from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.training.wire import SECRET_ENV_VAR, secret_to_env
 
 PASSWORDS = ["p", "port", "a@b:c/d", "s3cr3t"]
@@ -195,21 +197,16 @@ def test_a_local_run_writes_the_job_secret_nowhere(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from dlrover_kfp.backends import LocalBackend  # noqa: PLC0415 - only this test runs pods
-    from dlrover_kfp.runtime.job import StaticRun  # noqa: PLC0415
+    from dlrover_kfp.runtime.job import static_run  # noqa: PLC0415
 
     caplog.set_level(logging.DEBUG)
     spec = parse(JobSpec, load_text(TINY_JOB, "job"), "job")
     out = tmp_path / "out"
     lines: list[str] = []
     with LocalBackend(out / "logs") as backend:
-        run = StaticRun(
-            spec,
-            backend,
-            output_dir=out,
-            base_dir=tmp_path,
-            settings=RunSettings(shard_rows=200, sample_interval_s=0.2, checkpoint_interval_s=0),
-            progress=lines.append,
-        )
+        settings = RunSettings(shard_rows=200, sample_interval_s=0.2, checkpoint_interval_s=0)
+        options = RunOptions(output_dir=out, base_dir=tmp_path, settings=settings)
+        run = static_run(spec, backend, options, progress=lines.append)
         result = run.run()
         statuses = repr(backend.statuses())
     assert result.succeeded, result.profile.outcome.reason
@@ -239,7 +236,9 @@ PLAN = ResourcePlan(
 
 def test_pods_reference_the_job_secret_and_never_hold_it() -> None:
     settings = RunSettings(master_host="10.0.0.5", python="python")
-    pod = trainer_pod("ctr", "ctr-1", KNOWN_SECRET, settings, "ps", 0, PLAN.ps, ("10.0.0.5", 7000))
+    pod = trainer_pod(
+        "ctr", "ctr-1", KNOWN_SECRET, settings, NodeId("ps", 0), PLAN.ps, ("10.0.0.5", 7000)
+    )
     keys, data = secret_keys(pod.env, {})
     manifest = render_pod(
         pod,

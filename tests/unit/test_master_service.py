@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.shards import ShardLedger
 from dlrover_kfp.runtime.master import MasterService, MasterState, PsSwitch
 from dlrover_kfp.training.master_protocol import (
@@ -303,14 +304,14 @@ def test_self_reported_usage_is_cpu_time_over_wall_time_of_the_last_two_reports(
     clock.now = 2.0
     usage("worker", 0, 11.0, 310.0)  # 1 CPU second in 2 s: half a core
     usage("ps", 0, 5.0, 900.0, generation=1)
-    assert state.self_reported_usage(clock.now, 5.0) == {("worker", 0, 0): (0.5, 310.0)}
+    assert state.self_reported_usage(clock.now, 5.0) == {NodeId.worker(0): (0.5, 310.0)}
     clock.now = 4.0
     usage("worker", 0, 13.0, 320.0)  # the last two only: 2 s in 2 s
-    assert state.self_reported_usage(clock.now, 5.0)[("worker", 0, 0)] == (1.0, 320.0)
+    assert state.self_reported_usage(clock.now, 5.0)[NodeId.worker(0)] == (1.0, 320.0)
     # a new pod of the same name starts its CPU time over: no negative rate, one reading
     clock.now = 6.0
     usage("worker", 0, 0.5, 200.0)
-    assert ("worker", 0, 0) not in state.self_reported_usage(clock.now, 5.0)
+    assert NodeId.worker(0) not in state.self_reported_usage(clock.now, 5.0)
     # a pod that stopped reporting is not reported for ever
     clock.now = 20.0
     assert state.self_reported_usage(clock.now, 5.0) == {}
@@ -326,4 +327,4 @@ def test_self_reported_cpu_is_over_the_pods_own_interval_not_the_arrivals() -> N
     call(service, peer, USAGE, **meta, cpu_seconds=10.0, rss_mb=300.0, at=100.0)
     clock.now = 1.5
     call(service, peer, USAGE, **meta, cpu_seconds=11.0, rss_mb=300.0, at=102.0)
-    assert service.state.self_reported_usage(clock.now, 5.0) == {("worker", 0, 0): (0.5, 300.0)}
+    assert service.state.self_reported_usage(clock.now, 5.0) == {NodeId.worker(0): (0.5, 300.0)}
