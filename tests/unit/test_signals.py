@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import as_typed_in_a_terminal
+
 SCRIPT = """
 import sys, time
 from dlrover_kfp.runtime import signals
@@ -53,7 +55,15 @@ ROOT = Path(__file__).resolve().parents[2]
 class Script:
     def __init__(self, wait_s: float, body_s: float, *, nohup: bool = False) -> None:
         self.process = subprocess.Popen(
-            [*(["nohup"] if nohup else []), sys.executable, "-c", SCRIPT, str(wait_s), str(body_s)],
+            as_typed_in_a_terminal(
+                [
+                    *(["nohup"] if nohup else []),
+                    sys.executable,
+                    "-c",
+                    SCRIPT,
+                    *(str(wait_s), str(body_s)),
+                ]
+            ),
             env={**os.environ, "PYTHONPATH": str(ROOT)},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
