@@ -20,6 +20,15 @@ from dlrover_kfp.errors import UserInputError
 T = TypeVar("T")
 
 
+def memory_dir() -> Path:
+    """Where files that should live in memory go: ``/dev/shm`` (tmpfs: pages counted in the
+    writer's cgroup) where this process may write it, else the temp dir (disk: slower)."""
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm
+    return Path(tempfile.gettempdir())
+
+
 def read_text(path: str | os.PathLike[str]) -> str:
     p = Path(path)
     try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from dlrover_kfp.core.pod_env import POD_CPU_ENV, POD_MEMORY_ENV
+from dlrover_kfp.core.pod_env import POD_CPU_ENV, POD_MEMORY_ENV, POD_SHM_ENV
 from dlrover_kfp.core.profile import JobProfile, Role
 from dlrover_kfp.core.summary import JobSummary
 from dlrover_kfp.errors import DlroverKfpError, PermanentError, UserInputError
@@ -131,7 +131,7 @@ class SystemClock:
 # SIGKILL): the job master's failure handling then means the same thing on both backends.
 
 #: Variables every backend sets itself; a :class:`PodSpec` may not set them.
-RESERVED_ENV = frozenset({POD_CPU_ENV, POD_MEMORY_ENV})
+RESERVED_ENV = frozenset({POD_CPU_ENV, POD_MEMORY_ENV, POD_SHM_ENV})
 
 # A DNS-1123 label: what Kubernetes accepts as a pod name (and a safe log-file name locally).
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

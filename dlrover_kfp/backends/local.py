@@ -21,6 +21,16 @@ what a Kubernetes pod gives a container, as far as a plain process allows:
   ``watchdog_interval_s`` and SIGKILLs the group once it exceeds ``memory_mb``, reporting the
   same. A pod can overshoot between two samples; summed RSS counts pages shared between
   processes more than once, so it is a little stricter than a cgroup's accounting.
+* **/dev/shm = a directory of the pod's own.** On Kubernetes every ``emptyDir``, a pod's
+  ``/dev/shm`` included, belongs to that pod: no other pod reads it, even on the same node, and
+  the kubelet tears a memory-backed one down once the pod has terminated (kubernetes#36779;
+  under ``restartPolicy: Never`` that is when its main process exits) or is deleted. Each pod
+  incarnation here gets a new, empty directory (on tmpfs where ``/dev/shm`` is writable, so its
+  pages count in the pod's memory cgroup as a container's do), named in
+  ``DLROVER_KFP_SHM_DIR`` (:data:`~dlrover_kfp.core.pod_env.POD_SHM_ENV`; processes ``exec_in``'d
+  get the same), and removed when the pod ends, however it ends. A relaunch under the same name
+  is a new pod and starts empty: state that must outlive a pod goes over the network or to a
+  volume, as on a cluster.
 
 Each pod's stdout and stderr are appended to ``<log_dir>/<name>.log``, between a header and a
 trailer line written by the backend (name, role, index, resources, outcome; never env values).
@@ -31,14 +41,15 @@ pod, gives each one grace period to exit on SIGTERM and SIGKILLs the rest (at on
 ``cut_short`` callback says so: a second Ctrl-C), and then also kills any process still marked
 as this backend's (:data:`POD_OWNER_ENV`: a pod's child that left its process group, or a
 launch that an interrupt cut between start and bookkeeping) and removes every group under the
-backend's own cgroups.
+backend's own cgroups and every pod's shared-memory directory.
 
 A master killed by SIGKILL can do none of this: its pods keep running in their own sessions
 (a frozen one forever), its cgroups stay, and so does the PS's shared memory. Each backend
-therefore records itself in its log directory (``.local-backend-<owner>.json``: its process
-and cgroups) and marks every pod's environment with :data:`POD_OWNER_ENV` (which backend, which
-pod, which log directory; inherited by the pod's children); :func:`reap_pods` finds and removes
-what a dead backend of a log directory left, never touching a live one's pods or anyone else's.
+therefore records itself in its log directory (``.local-backend-<owner>.json``: its process,
+cgroups and pods' shared-memory directory) and marks every pod's environment with
+:data:`POD_OWNER_ENV` (which backend, which pod, which log directory; inherited by the pod's
+children); :func:`reap_pods` finds and removes what a dead backend of a log directory left,
+never touching a live one's pods or anyone else's.
 """
 
 from __future__ import annotations
@@ -65,7 +76,8 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 
 from dlrover_kfp.backends import cgroups as cg
 from dlrover_kfp.backends.api import BACKEND_LOG_PREFIX, last_error_line
-from dlrover_kfp.files import write_atomic
+from dlrover_kfp.core.pod_env import POD_SHM_ENV
+from dlrover_kfp.files import memory_dir, write_atomic
 from dlrover_kfp.ports import (
     BackendClosedError,
     PodExistsError,
@@ -94,6 +106,11 @@ _START_ERROR_EXIT = 128
 POD_OWNER_ENV = "DLROVER_KFP_POD_OWNER"
 #: A backend's record in its log directory (removed when it closes cleanly).
 _STATE_PREFIX = ".local-backend-"
+#: The directory holding a backend's pods' shared-memory directories is this plus its owner:
+#: ``/dev/shm/dlrover-kfp-pods.<owner>/<pod>.<incarnation>/``. Distinct from the trainer's own
+#: snapshot names (``dlrover-kfp.<job>.g<n>...``), and checked by :func:`reap_pods` before it
+#: removes a directory a record names.
+_SHM_PREFIX = "dlrover-kfp-pods."
 #: Seconds between two looks at pods being stopped: a tenth of the shortest usual grace period.
 _STOP_POLL_S = 0.02
 #: Seconds to wait for killed processes to be gone and their groups removable (a process
@@ -134,6 +151,8 @@ class _Pod:
     children: dict[int, psutil.Process] = field(default_factory=dict)
     # Processes started in the pod by exec_in(): they end with the pod.
     execs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    # The pod's own shared-memory directory while it runs (removed when it ends).
+    shm_dir: Path | None = None
 
     @property
     def running(self) -> bool:
@@ -230,14 +249,16 @@ class LocalBackend:
         else:
             self._cgroups, self._enforcement = cgroups, cgroups.description
         self._state_file = self._log_dir / f"{_STATE_PREFIX}{self._owner}.json"
+        # Made at the first launch; each pod incarnation gets <pod>.<n> in it.
+        self._shm_dir = memory_dir() / f"{_SHM_PREFIX}{self._owner}"
+        self._incarnations = 0
         groups = [] if self._cgroups is None else [str(d) for d in self._cgroups.directories]
+        record = {"owner": str(self._owner), "cgroups": groups, "shm": str(self._shm_dir)}
         # Before any pod starts: a master SIGKILLed from now on leaves what reap_pods() needs.
         try:
-            write_atomic(
-                self._state_file, json.dumps({"owner": str(self._owner), "cgroups": groups})
-            )
+            write_atomic(self._state_file, json.dumps(record))
         except OSError as exc:  # a full disk: the pods' own marks still find their processes
-            logger.warning("local backend: cannot record its cgroups in %s: %s", self._log_dir, exc)
+            logger.warning("local backend: cannot record itself in %s: %s", self._log_dir, exc)
         # Reentrant: _finish() is called both from the watchdog and from methods holding it.
         self._lock = threading.RLock()
         self._pods: dict[str, _Pod] = {}
@@ -298,16 +319,18 @@ class LocalBackend:
                 )
                 log.flush()
                 group: cg.PodGroup | None = None
+                shm_dir: Path | None = None
                 try:
                     group = self._create_group(pod)
                     command, extra_env = self._command(pod, group)
+                    shm_dir = self._create_shm_dir(pod.name)
                     process = subprocess.Popen(
                         command,
                         env=os.environ
                         | dict(pod.env)
                         | pod.resource_env()
                         | extra_env
-                        | self._marker(pod.name),
+                        | self._pod_env(pod.name, shm_dir),
                         stdin=subprocess.DEVNULL,
                         stdout=log,
                         stderr=subprocess.STDOUT,
@@ -319,6 +342,8 @@ class LocalBackend:
                     # API error; so does this backend, so the job master has one path for it.
                     if group is not None:
                         group.remove()
+                    if shm_dir is not None:
+                        _remove_dir(shm_dir)
                     log.write(f"--- dlrover-kfp StartError: {e}\n".encode())
                     logger.warning("pod %s could not start: %s", pod.name, e)
                     self._register(
@@ -343,6 +368,7 @@ class LocalBackend:
                     started_at=self._clock.now(),
                     cpu_mark=(0.0, time.monotonic()),
                     group=group,
+                    shm_dir=shm_dir,
                 )
             )
             logger.info(
@@ -440,7 +466,13 @@ class LocalBackend:
             self._remove_groups(patience_s=2.0)
             if self._cgroups is not None:
                 self._cgroups.close()
-            if self._cgroups is None or not any(d.exists() for d in self._cgroups.directories):
+            # Every pod's directory went when it ended; a child that escaped its group and
+            # wrote after that was killed just now.
+            shm_left = not _remove_dir(self._shm_dir)
+            groups_left = self._cgroups is not None and any(
+                d.exists() for d in self._cgroups.directories
+            )
+            if not (groups_left or shm_left):
                 self._state_file.unlink(missing_ok=True)
             self._released = True
             atexit.unregister(self.close)
@@ -454,8 +486,9 @@ class LocalBackend:
     def exec_in(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
         """Start ``argv`` inside running pod ``name``, as ``kubectl exec`` does: in the pod's
         cgroups, so that its CPU and memory count against the pod's limits (a sidecar, a
-        debugging shell, or a noisy neighbour in a test). It is killed when the pod ends.
-        Without cgroups it runs beside the pod, unconstrained."""
+        debugging shell, or a noisy neighbour in a test), with the pod's shared-memory
+        directory. It is killed when the pod ends. Without cgroups it runs beside the pod,
+        unconstrained."""
         with self._lock:
             pod = self._pods.get(name)
             if pod is None or not pod.running:
@@ -465,7 +498,7 @@ class LocalBackend:
             )
             process = subprocess.Popen(
                 command,
-                env=os.environ | extra_env | self._marker(name),
+                env=os.environ | extra_env | self._pod_env(name, pod.shm_dir),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -484,8 +517,22 @@ class LocalBackend:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _marker(self, pod_name: str) -> dict[str, str]:
-        return {POD_OWNER_ENV: f"{self._owner} {pod_name} {self._marker_dir}"}
+    def _pod_env(self, pod_name: str, shm_dir: Path | None) -> dict[str, str]:
+        """What this backend tells every process of a pod: whose pod it is (the mark
+        :func:`reap_pods` finds) and where its shared memory is."""
+        env = {POD_OWNER_ENV: f"{self._owner} {pod_name} {self._marker_dir}"}
+        if shm_dir is not None:
+            env[POD_SHM_ENV] = str(shm_dir)
+        return env
+
+    def _create_shm_dir(self, pod_name: str) -> Path:
+        """A new, empty directory for one pod incarnation, readable by its owner only (another
+        user's pod on a shared machine must not read a snapshot either)."""
+        self._incarnations += 1
+        self._shm_dir.mkdir(mode=0o700, exist_ok=True)
+        path = self._shm_dir / f"{pod_name}.{self._incarnations}"
+        path.mkdir(mode=0o700)
+        return path
 
     def _create_group(self, pod: PodSpec) -> cg.PodGroup | None:
         """The pod's cgroup, or None when limits are only accounted. A group that cannot be
@@ -544,6 +591,15 @@ class LocalBackend:
                 with contextlib.suppress(OSError):
                     extra.kill()
                 extra.wait()
+            # The pod has terminated: its emptyDir goes (a kubelet tears a terminated pod's
+            # memory-backed volumes down); a relaunch gets a new one.
+            if pod.shm_dir is not None:
+                _remove_dir(pod.shm_dir)
+                pod.shm_dir = None
+                # And the backend's own once no pod has one (the next launch makes it again):
+                # a process killed with no pod running leaves nothing in /dev/shm.
+                with contextlib.suppress(OSError):
+                    self._shm_dir.rmdir()
             if pod.group is not None:
                 # Any OOM kill in the group ends the pod as OOMKilled, even when the kernel
                 # chose a child and the main process then exited on its own: a container on a
@@ -777,20 +833,23 @@ def _wait_gone(pids: Iterable[int], patience_s: float) -> None:
 @dataclass(frozen=True, slots=True)
 class ReapedPods:
     """What :func:`reap_pods` removed of a log directory's dead masters: the pod processes it
-    killed (pid -> pod name, ``"?"`` for a process found only in a group) and the cgroups it
-    removed; ``left`` names what could not be removed."""
+    killed (pid -> pod name, ``"?"`` for a process found only in a group), the cgroups and
+    the pods' shared-memory directories (one per backend) it removed; ``left`` names what
+    could not be removed."""
 
     processes: dict[int, str] = field(default_factory=dict)
     cgroups: tuple[Path, ...] = ()
+    shm: tuple[Path, ...] = ()
     left: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.processes or self.cgroups or self.left)
+        return bool(self.processes or self.cgroups or self.shm or self.left)
 
 
 def reap_pods(log_dir: Path) -> ReapedPods:
-    """Kill the pod processes and remove the cgroups that local backends of ``log_dir`` left
-    when their master died without closing them (SIGKILL, a crash of the interpreter).
+    """Kill the pod processes and remove the cgroups and shared-memory directories that local
+    backends of ``log_dir`` left when their master died without closing them (SIGKILL, a
+    crash of the interpreter).
 
     A pod process is recognised by its :data:`POD_OWNER_ENV` (this log directory, an owner
     that no longer runs) or by being in a cgroup such a backend recorded; pods of a backend
@@ -802,18 +861,24 @@ def reap_pods(log_dir: Path) -> ReapedPods:
         return ReapedPods()
     where = str(log_dir.resolve())
     records: dict[Path, list[Path]] = {}  # a dead backend's record -> its cgroups
+    shm_dirs: dict[Path, Path] = {}  # a dead backend's record -> its pods' shm directory
     left: list[str] = []
     for record in sorted(log_dir.glob(f"{_STATE_PREFIX}*.json")):
         try:
             data = json.loads(record.read_text())
             owner = _Owner.parse(str(data["owner"]))
             groups = [Path(str(g)) for g in data.get("cgroups") or []]
+            shm = data.get("shm")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             left.append(f"{record}: unreadable ({exc})")
             continue
         if owner is not None and owner.alive():
             continue
         records[record] = groups
+        # Only a directory this backend named after itself: a record is a file anyone of this
+        # user could edit, and nothing else may be removed on its word.
+        if owner is not None and shm and Path(str(shm)).name == f"{_SHM_PREFIX}{owner}":
+            shm_dirs[record] = Path(str(shm))
 
     def dead_pod(owner: str, _pod: str, pod_dir: str) -> bool:
         parsed = _Owner.parse(owner)
@@ -828,10 +893,16 @@ def reap_pods(log_dir: Path) -> ReapedPods:
     _wait_gone(killed, _REAP_PATIENCE_S)
     removed, busy = _remove_trees([g for groups in records.values() for g in groups])
     left += [f"cgroup {g}: busy" for g in busy]
+    # After the kill: no pod of these backends writes into its directory any more.
+    shm_removed = [d for d in shm_dirs.values() if d.exists() and _remove_dir(d)]
+    shm_left = [d for d in shm_dirs.values() if d.exists()]
+    left += [f"shm {d}: not removable" for d in shm_left]
     for record, groups in records.items():
-        if not set(groups) & set(busy):
+        if not set(groups) & set(busy) and shm_dirs.get(record) not in shm_left:
             record.unlink(missing_ok=True)
-    return ReapedPods(processes=killed, cgroups=tuple(removed), left=tuple(left))
+    return ReapedPods(
+        processes=killed, cgroups=tuple(removed), shm=tuple(shm_removed), left=tuple(left)
+    )
 
 
 def _remove_trees(groups: list[Path]) -> tuple[list[Path], list[Path]]:
@@ -850,6 +921,13 @@ def _remove_trees(groups: list[Path]) -> tuple[list[Path], list[Path]]:
             return removed, busy
         groups = busy
         time.sleep(_STOP_POLL_S)
+
+
+def _remove_dir(path: Path) -> bool:
+    """Remove a directory tree (tmpfs memory is freed only when its files are unlinked);
+    returns whether it is gone. A file a process still maps keeps its pages until unmapped."""
+    shutil.rmtree(path, ignore_errors=True)
+    return not path.exists()
 
 
 def _kill_group(pgid: int, sig: int) -> None:

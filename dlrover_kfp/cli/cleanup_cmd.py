@@ -27,7 +27,7 @@ def register(sub: Any) -> None:
         "machine when its master was killed without a chance to clean up (SIGKILL, a crash): "
         "its local pods' processes (found by the mark each pod carries in its environment and "
         "by the run's cgroups; no other process is touched), the run's cgroups in every "
-        "hierarchy, and the PS's shared-memory snapshots of the run (/dev/shm). The run file "
+        "hierarchy, and the pods' shared-memory directories (/dev/shm). The run file "
         "and committed checkpoints stay: the same `run` command then resumes the run. The next "
         "run in DIR does the same by itself before it starts. Refused (exit 2) while a "
         "live master holds DIR. Prints one line per thing removed on stdout; exits 1 if "

@@ -14,4 +14,9 @@ POD_CPU_ENV = "DLROVER_KFP_POD_CPU"
 #: below the limit instead of discovering it by being OOM-killed.
 POD_MEMORY_ENV = "DLROVER_KFP_POD_MEMORY_MB"
 
-__all__ = ["POD_CPU_ENV", "POD_MEMORY_ENV"]
+#: The pod's own shared-memory directory (its ``/dev/shm``), private to the pod and gone with it
+#: as a memory-backed ``emptyDir`` is on Kubernetes: where a PS keeps its flash snapshot. On
+#: Kubernetes it is unset and the pod's own ``/dev/shm`` is used.
+POD_SHM_ENV = "DLROVER_KFP_SHM_DIR"
+
+__all__ = ["POD_CPU_ENV", "POD_MEMORY_ENV", "POD_SHM_ENV"]

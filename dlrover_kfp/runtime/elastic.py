@@ -13,13 +13,17 @@ record, which it is given:
     the queue when its connection drops (the master's ledger), a resized worker is a new pod of
     the new size under the same name, new workers lease shards as they come;
   - a PS change (count or size, or one PS moved) is applied **live** (:meth:`_switch_ps`):
-    the new PS pods start while training goes on and wait, started, for the master; then the
-    workers pause (each finishes its step, waits for its pushes and reports its shards), a
-    flash checkpoint of the now quiescent PS is taken with the shard ledger, the new PS
-    restore from it (rows re-partitioned when their count changed), the workers connect to
-    the new set and go on, and the old PS stop. Training is paused only from the workers'
-    pause to their reconnection; nothing is trained twice or lost, since every push of every
-    reported shard is in the checkpoint and no shard is leased while paused.
+    the new PS pods start while training goes on and copy their rows from the old PS over the
+    network (each takes, from every old PS, the rows of its own partition: re-partitioned
+    when the count changes), the old PS marking every row updated from then on; then the
+    workers pause (each finishes its step, waits for its pushes and reports its shards), the
+    new PS fetch the rows marked since their copy and the dense parameters from the now
+    quiescent old PS, the workers connect to the new set and go on, and the old PS stop.
+    Pods share nothing here, as on a cluster: no new PS reads an old one's memory or disk.
+    Training is paused only from the workers' pause to their reconnection; nothing is trained
+    twice or lost, since every push of every reported shard is in the old PS when they are
+    read and no shard is leased while paused. When the quota cannot hold old and new PS
+    together, the old PS checkpoint and stop first and the new ones restore the checkpoint.
   - ``migration="restart"`` applies a PS change **stop-and-restart** instead (the baseline the
     live switch is measured against): the workers are stopped (their leases return), a
     checkpoint is taken, the PS stop, the new PS start from it and the workers start again. A
@@ -57,7 +61,7 @@ import dataclasses
 import logging
 import statistics
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from dlrover_kfp.core.documents import parse, to_dict
@@ -687,12 +691,14 @@ class ElasticPolicy:
         runtime/master.py).
 
         ``moved`` names the PS that move to new pods of ``target``'s size; ``None`` replaces
-        all of them (a new count). ``live``: the new pods start before the workers pause (the
-        quota holds old and new together); otherwise the old PS stop first and the pause
-        includes the new ones' start. If a new PS fails to start or restore, the switch is
-        abandoned: the workers reconnect to the old PS when those still run.
+        all of them (a new count). ``live``: the new pods start while training goes on and
+        copy their rows from the old PS over the network; the workers pause only for the rows
+        updated since the copy began (the quota holds old and new together). Otherwise the old
+        PS write a checkpoint and stop first, and the new ones restore it: the pause includes
+        their start. If a new PS fails to start, copy or restore, the switch is abandoned: the
+        workers reconnect to the old PS when those still run.
         """
-        self._join_retiring()  # the previous switch's checkpoint is committed
+        self._join_retiring()  # the previous switch's old PS have stopped
         replaced = (
             frozenset(range(target.count))
             if moved is None or target.count != self.run.ps.count
@@ -702,14 +708,17 @@ class ElasticPolicy:
         old_pods = [self.run.pod_name(self._ps_nodes[k]) for k in sorted(retired)]
         with state.lock:
             generation = state.generation + 1
-            # The new PS restore the switch's own checkpoint, the newest.
+            # Without a copy, the new PS restore the switch's own checkpoint, the newest.
             config = {
                 **state.job_config,
                 "num_ps": target.count,
                 "restore": True,
                 "restore_choice": None,
             }
-            switch = state.switch = PsSwitch(generation, target.count, replaced, config)
+            sources = [state.ps_addresses[k] for k in range(self.run.ps.count)] if live else None
+            switch = state.switch = PsSwitch(
+                generation, target.count, replaced, config, copy_from=sources
+            )
             # An abandoned switch's generation comes again: its pods' reports are not these'.
             for k in replaced:
                 state.usage.pop(NodeId("ps", k, generation), None)
@@ -722,55 +731,43 @@ class ElasticPolicy:
             for k in sorted(replaced):
                 self.run.launch(new_nodes[k], target)
 
+        old = self.run.coordinator
         if live:
-            # 1. The new PS start (imports, connection) while training goes on.
+            # 1. The new PS start and copy their rows while training goes on.
             launch_new()
             if not self._await(
-                state, lambda: switch.standby >= replaced, new_pods, "start", generation
+                state, lambda: switch.standby >= replaced, new_pods, "copy its rows", generation
             ):
                 return
-        # 2. The workers pause; one that does not in time is stopped (its leases return).
-        paused = self.run.clock.monotonic()
-        with state.lock:
-            switch.pausing = True
-        unready = self._await_pause(state, switch)
-        for name, silent_s in unready.items():
-            self.run.stop(name)
-            t = round(self.run.clock.monotonic() - self.run.start, 3)
-            detail = (
-                "did not pause for the PS switch"
-                + ("" if silent_s is None else f" (silent for {silent_s:.1f}s: frozen)")
-                + ": stopped, its shards back to the queue"
-            )
-            self.run.events.append(JobEvent(time=t, kind="straggler", node=name, detail=detail))
-            self.run.progress(f"{self.run.run_id}: {name}: {detail}")
-        # 3. A checkpoint of the quiescent PS, from which the new ones restore: live, from its
-        # snapshot in shared memory, while the old PS persist it behind (they stop after).
-        step = self.run.next_checkpoint_step(state)
-        old = self.run.coordinator
-        try:
-            if live:
-                old.snapshot(step, extra=self.run.checkpoint_extra(state))
-            else:
+            # 2. The workers pause: every reported shard's pushes are applied, the old PS are
+            # quiescent. 3. Released, the new PS fetch the rows updated since their copy.
+            paused, unready = self._pause_workers(state, switch)
+            with state.lock:
+                switch.released = True
+            source = "over the network"
+        else:
+            # 2. The workers pause. 3. A checkpoint of the quiescent PS; the old PS stop and
+            # the new ones start and restore it.
+            paused, unready = self._pause_workers(state, switch)
+            step = self.run.next_checkpoint_step(state)
+            try:
                 old.checkpoint(step, extra=self.run.checkpoint_extra(state))
-        except (TransientError, PermanentError, OSError) as exc:
-            # A PS died or its disk failed mid-switch: no checkpoint to move from. The switch
-            # is abandoned; the main loop sees the dead PS and rolls back as for any PS lost.
-            self._abandon_switch(
-                state, new_pods if live else {}, f"its checkpoint of step {step:,} failed: {exc}"
-            )
-            self._relaunch_workers(unready)
-            return
-        with state.lock:
-            switch.released = True
-        if not live:
+            except (TransientError, PermanentError, OSError) as exc:
+                # A PS died or its disk failed mid-switch: no checkpoint to move from. The
+                # switch is abandoned; the main loop sees the dead PS and rolls back.
+                self._abandon_switch(state, {}, f"its checkpoint of step {step:,} failed: {exc}")
+                self._relaunch_workers(unready)
+                return
+            with state.lock:
+                switch.released = True
             old.shutdown_ps(retired)
             for name in old_pods:
                 self.run.stopping.add(name)
             self._wait_for_terminal(old_pods, timeout_s=10.0)
             launch_new()
+            source = f"from the checkpoint of step {step:,}, after the old ones stopped"
         restored = self._await(
-            state, lambda: set(switch.addresses) >= replaced, new_pods, "restore", generation
+            state, lambda: set(switch.addresses) >= replaced, new_pods, "serve", generation
         )
         if not restored:
             if not live:
@@ -793,9 +790,8 @@ class ElasticPolicy:
             state.switch = None
         pause = self.run.clock.monotonic() - paused
         self.run.ps = target
-        self.run.coordinator = self.run.new_coordinator(
-            state, prune_tmp=False
-        )  # the old PS still persist
+        # The old PS may still persist a checkpoint: their .tmp is not stale.
+        self.run.coordinator = self.run.new_coordinator(state, prune_tmp=False)
         for name in old_pods:
             self.run.stopping.add(name)
         self._ps_nodes = {k: new_nodes.get(k) or self._ps_nodes[k] for k in range(target.count)}
@@ -803,13 +799,33 @@ class ElasticPolicy:
         self.ps_pauses.append(pause)
         detail = (
             f"PS {', '.join(str(k) for k in sorted(replaced))} moved to new pods "
-            f"({target.count} x {target.cpu:g} cpu, {target.memory_mb} MiB"
-            f"{'' if live else ', after the old ones stopped'}) from the checkpoint of step "
-            f"{step:,}; training paused {pause:.2f}s"
+            f"({target.count} x {target.cpu:g} cpu, {target.memory_mb} MiB) {source}"
+            f"{_moved_detail(switch.moved.values())}; training paused {pause:.2f}s"
         )
         t = round(self.run.clock.monotonic() - self.run.start, 3)
         self.run.events.append(JobEvent(time=t, kind="migration", detail=detail))
         self.run.progress(f"{self.run.run_id}: {detail}")
+
+    def _pause_workers(
+        self, state: MasterState, switch: PsSwitch
+    ) -> tuple[float, dict[str, float | None]]:
+        """Ask the workers to pause for ``switch``; stop those that do not in time (their
+        leases return). When the pause began, and the workers stopped."""
+        paused = self.run.clock.monotonic()
+        with state.lock:
+            switch.pausing = True
+        unready = self._await_pause(state, switch)
+        for name, silent_s in unready.items():
+            self.run.stop(name)
+            t = round(self.run.clock.monotonic() - self.run.start, 3)
+            detail = (
+                "did not pause for the PS switch"
+                + ("" if silent_s is None else f" (silent for {silent_s:.1f}s: frozen)")
+                + ": stopped, its shards back to the queue"
+            )
+            self.run.events.append(JobEvent(time=t, kind="straggler", node=name, detail=detail))
+            self.run.progress(f"{self.run.run_id}: {name}: {detail}")
+        return paused, unready
 
     def _retire(self, old: CheckpointCoordinator, retired: set[int], pods: list[str]) -> None:
         """Once the old PS have persisted the switch's checkpoint (and it is committed), stop
@@ -977,6 +993,25 @@ class ElasticPolicy:
 
     def applied_plans(self) -> tuple[AppliedPlan, ...]:
         return tuple(self.plans)
+
+
+def _moved_detail(moved: Iterable[dict[str, float]]) -> str:
+    """What a switch's new PS moved over the network, from their own accounts (none: a
+    restore from a checkpoint)."""
+    parts = list(moved)
+    if not parts or not all(parts):
+        return ""
+
+    def total(key: str) -> float:
+        return sum(p.get(key, 0.0) for p in parts)
+
+    copied_mib = (total("bytes") - total("resent_bytes")) / 2**20
+    return (
+        f": {total('rows'):,.0f} rows ({copied_mib:,.1f} MiB) copied while training in "
+        f"{max(p.get('copy_s', 0.0) for p in parts):.2f}s, {total('resent_rows'):,.0f} "
+        f"updated since ({total('resent_bytes') / 2**20:,.1f} MiB) fetched in "
+        f"{max(p.get('finish_s', 0.0) for p in parts):.2f}s of the pause"
+    )
 
 
 def _only(sample: RuntimeSample, pods: Collection[str]) -> RuntimeSample:

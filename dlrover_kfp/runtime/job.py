@@ -702,13 +702,11 @@ class JobRun(Generic[P]):
 
     @signals.uninterruptible
     def _release(self, server: Server) -> None:
-        """Stop the pods and the master's server and free the run's shared memory: the same on
-        every way out (success, failure, Ctrl-C, SIGTERM, SIGHUP). Stop signals never interrupt
-        it, and a step that fails does not skip the next (a second signal only cuts the pods'
-        grace period short: :mod:`~dlrover_kfp.runtime.signals`)."""
+        """Stop the pods (their shared memory goes with them) and the master's server: the same
+        on every way out (success, failure, Ctrl-C, SIGTERM, SIGHUP). Stop signals never
+        interrupt it, and a step that fails does not skip the next (a second signal only cuts
+        the pods' grace period short: :mod:`~dlrover_kfp.runtime.signals`)."""
         with contextlib.ExitStack() as steps:  # run last to first
-            # The PS's shared-memory snapshots hold memory until unlinked; the disk copies stay.
-            steps.callback(ckpt.cleanup_shm, self.run_id)
             steps.callback(server.close)
             steps.callback(self.backend.close)
             if self._coordinator is not None:

@@ -3,10 +3,11 @@
 A master stopped by a signal releases its run itself (:mod:`dlrover_kfp.runtime.signals`). A
 master killed by SIGKILL (the OOM killer, ``kill -9``, a node agent) cannot: on the local
 backend its pods keep running in their own sessions (a frozen one forever), their cgroups stay
-in every hierarchy, and the PS's shared-memory snapshots (``/dev/shm``) hold memory until
-unlinked. :func:`reap_leftovers` removes all of it for one output directory; ``dlrover-kfp
-cleanup`` calls it, and so does the next run in that directory, right after it has locked it
-(:class:`~dlrover_kfp.runtime.rundir.OutputDirLock`: no live master holds it then).
+in every hierarchy, and their shared-memory directories (each pod's own, under ``/dev/shm``:
+the PS's snapshots) hold memory until unlinked. :func:`reap_leftovers` removes all of it for
+one output directory; ``dlrover-kfp cleanup`` calls it, and so does the next run in that
+directory, right after it has locked it (:class:`~dlrover_kfp.runtime.rundir.OutputDirLock`:
+no live master holds it then).
 
 What makes the run resumable stays: the run file and the committed checkpoints are never
 touched, so the same ``dlrover-kfp run`` command resumes the run with its exact count.
@@ -29,7 +30,7 @@ class Leftovers:
     run_id: str | None = None
     processes: dict[int, str] = field(default_factory=dict)  # pid -> pod name
     cgroups: tuple[Path, ...] = ()
-    shm: tuple[Path, ...] = ()
+    shm: tuple[Path, ...] = ()  # pods' shared-memory directories and snapshot files
     left: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
@@ -47,21 +48,23 @@ class Leftovers:
         parts = [
             f"{len(self.processes)} pod process(es)",
             f"{len(self.cgroups)} cgroup(s)",
-            f"{len(self.shm)} shared-memory file(s)",
+            f"{len(self.shm)} shared-memory director(ies) or file(s)",
         ]
         return "removed what an earlier master left: " + ", ".join(parts)
 
 
 def reap_leftovers(output_dir: Path, run_id: str | None = None) -> Leftovers:
     """Remove what earlier masters of ``output_dir`` left on this machine: their local pods'
-    processes and cgroups (:func:`~dlrover_kfp.backends.local.reap_pods`, by the marks each
-    backend leaves in ``output_dir/logs``; a live master's pods are never touched) and the
-    shared-memory snapshots of ``run_id`` (default: the unfinished run's, from its run file).
+    processes, cgroups and shared-memory directories
+    (:func:`~dlrover_kfp.backends.local.reap_pods`, by the marks each backend leaves in
+    ``output_dir/logs``; a live master's pods are never touched) and any shared-memory
+    snapshot of ``run_id`` in this machine's own ``/dev/shm`` (default: the unfinished run's,
+    from its run file; written there by a trainer started outside a local backend's pod).
 
     Call it while holding the directory's lock. Returns what was removed; idempotent."""
     pods = reap_pods(output_dir / "logs")
     run_id = run_id or unfinished_run_id(output_dir)
-    shm = tuple(ckpt.cleanup_shm(run_id)) if run_id else ()
+    shm = pods.shm + (tuple(ckpt.cleanup_shm(run_id)) if run_id else ())
     return Leftovers(
         run_id=run_id, processes=pods.processes, cgroups=pods.cgroups, shm=shm, left=pods.left
     )

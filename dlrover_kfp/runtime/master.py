@@ -61,6 +61,19 @@ __all__ = [
 _INT64 = 2**63
 
 
+def _moved(meta: dict[str, Any]) -> dict[str, float]:
+    """What a new PS says its move carried (``moved``: rows, bytes, seconds), the numbers only:
+    for the event the master records, never trusted for anything else."""
+    moved = meta.get("moved")
+    if not isinstance(moved, dict):
+        return {}
+    return {
+        str(k)[:32]: float(v)
+        for k, v in list(moved.items())[:8]
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
 def _int(meta: dict[str, Any], key: str, kind: str, default: int | None = None) -> int:
     """``meta[key]`` as an integer, or a ValueError naming the request and the key.
 
@@ -129,12 +142,17 @@ class PsSwitch:
     replaced: frozenset[int]
     #: the configuration of the new generation (its ``num_ps``, ``restore``)
     job_config: dict[str, Any]
+    #: where the new PS copy their rows from, over the network: the old PS's addresses by
+    #: index (a live switch); None: they restore the switch's checkpoint (the old PS stopped)
+    copy_from: list[tuple[str, int]] | None = None
     #: workers are being asked to pause
     pausing: bool = False
-    #: the checkpoint is committed: the new PS may restore from it
+    #: the new PS may finish: the workers paused (a copy) or the checkpoint is committed
     released: bool = False
-    #: new PS that have started and wait to be released
+    #: new PS that have started (and, for a copy, copied their rows) and wait to be released
     standby: set[int] = field(default_factory=set)
+    #: per new PS, what its move carried (rows, bytes, seconds), as it registered it
+    moved: dict[int, dict[str, float]] = field(default_factory=dict)
     #: new PS that restored and listen
     addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
     #: workers that paused for this generation
@@ -280,6 +298,7 @@ class MasterService:
                 if index not in switch.replaced:
                     raise ValueError(f"PS {index} is not replaced in generation {generation}")
                 switch.addresses[index] = address
+                switch.moved[index] = _moved(meta)
             elif generation == self.state.generation:
                 if not 0 <= index < self.state.num_ps:
                     raise ValueError(f"PS index {index} out of range for {self.state.num_ps} PS")
@@ -298,10 +317,7 @@ class MasterService:
             if role == "ps" and switch is not None and generation == switch.generation:
                 if index not in switch.replaced:
                     raise ValueError(f"PS {index} is not replaced in generation {generation}")
-                switch.standby.add(index)
-                if not switch.released:
-                    return Message("config", {"wait": True}, ())
-                return Message("config", {**switch.job_config, "generation": generation}, ())
+                return self._switch_config(switch, index, meta)
             if role == "worker":
                 if not state.all_ps_registered or self._pausing() is not None:
                     return Message("config", {"wait": True}, ())
@@ -309,6 +325,29 @@ class MasterService:
             addresses = [list(state.ps_addresses[k]) for k in sorted(state.ps_addresses)]
             config = {**state.job_config, "ps": addresses, "generation": state.generation}
         return Message("config", config, ())
+
+    @staticmethod
+    def _switch_config(switch: PsSwitch, index: int, meta: dict[str, Any]) -> Message:
+        """A new PS of a switch asks for its configuration (call with the lock held).
+
+        From the old PS's checkpoint: it waits, started, until the switch is released, then
+        restores. Over the network (``copy_from``): it first gets what to copy from and copies
+        while training goes on; it is on standby once it says it has copied; released (the
+        workers paused), it gets the same sources again to fetch what changed since."""
+        config = {**switch.job_config, "generation": switch.generation}
+        if switch.copy_from is None:
+            switch.standby.add(index)
+            return Message("config", config if switch.released else {"wait": True}, ())
+        sources = {
+            "from": [list(a) for a in switch.copy_from],
+            "from_num_ps": len(switch.copy_from),
+        }
+        if switch.released:
+            return Message("config", {**config, "migrate": sources}, ())
+        if meta.get("copied") is True:
+            switch.standby.add(index)
+            return Message("config", {"wait": True}, ())
+        return Message("config", {"wait": True, "copy": {**config, **sources}}, ())
 
     def _ready(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:
         generation = _int(meta, "generation", READY)

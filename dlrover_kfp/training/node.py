@@ -57,6 +57,7 @@ from dlrover_kfp.training.wire import (
 if TYPE_CHECKING:
     from dlrover_kfp.training.data import Batch
     from dlrover_kfp.training.ps_client import RemotePs
+    from dlrover_kfp.training.ps_state import PsState
     from dlrover_kfp.training.step import Routed, WorkerModel
 
 log = logging.getLogger("dlrover_kfp.node")
@@ -396,17 +397,96 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
 # --- entry point -----------------------------------------------------------------------------
 
 
+def _copied_state(
+    master: Connection, index: int, generation: int, secret: bytes
+) -> tuple[dict[str, Any], PsState | None, dict[str, float] | None]:
+    """The configuration of a PS started for a change of the PS set (generation > 0) and, when
+    the master moves the state over the network, the state copied from the old PS with what
+    the move carried (for REGISTER's ``moved``).
+
+    The master (runtime/master.py) answers ``{"wait": true, "copy": {config, "from",
+    "from_num_ps"}}`` while training goes on: the PS copies its rows then (ps_transfer's first
+    pass) and asks again with ``"copied": true``; it waits until the workers are paused and
+    gets the full configuration with ``"migrate"``: it fetches the rows updated since (the
+    second pass) and serves. A final configuration without ``"migrate"`` is the stop-first
+    path: the copy (if any) is dropped and the state restored from the checkpoint, as at any
+    start. A source that does not answer ends this process with a TransferError (exit 2): the
+    master abandons the change."""
+    from dlrover_kfp.training import ps_server, ps_transfer  # noqa: PLC0415
+
+    meta: dict[str, Any] = {"role": "ps", "index": index, "generation": generation}
+    copied: tuple[PsState, ps_transfer.TransferStats] | None = None
+    while True:
+        reply = dict(master.request(CONFIG, meta).meta)
+        if not reply.get("wait"):
+            break
+        plan = reply.get("copy")
+        if isinstance(plan, dict) and copied is None:
+            sources, from_num_ps = _sources(plan)
+            config = ps_server.ps_config(index, plan)
+            copied = ps_transfer.copy_rows(config, sources, from_num_ps, secret, generation)
+            meta["copied"] = True
+            continue
+        time.sleep(0.05)
+    migrate = reply.get("migrate")
+    if not isinstance(migrate, dict):
+        return reply, None, None
+    sources, from_num_ps = _sources(migrate)
+    if copied is None:  # released before it was asked to copy: all of it now
+        copied = ps_transfer.copy_rows(
+            ps_server.ps_config(index, reply), sources, from_num_ps, secret, generation
+        )
+    state, first = copied
+    if state.config != ps_server.ps_config(index, reply):
+        raise ps_transfer.TransferError(
+            f"PS {index}: the copy was made for {state.config}, the master now configures "
+            f"{ps_server.ps_config(index, reply)}"
+        )
+    second = ps_transfer.finish_copy(state, sources, from_num_ps, secret, generation)
+    log.info(
+        "PS %d: moved %d rows, %.1f MiB from %d old PS: copied in %.2fs while training, "
+        "%d rows updated meanwhile sent again in %.3fs",
+        index,
+        first.rows,
+        (first.bytes + second.bytes) / 2**20,
+        from_num_ps,
+        first.seconds,
+        second.rows,
+        second.seconds,
+    )
+    moved = {
+        "rows": float(first.rows),
+        "bytes": float(first.bytes + second.bytes),
+        "copy_s": first.seconds,
+        "finish_s": second.seconds,
+        "resent_rows": float(second.rows),
+        "resent_bytes": float(second.bytes),
+    }
+    return reply, state, moved
+
+
+def _sources(meta: dict[str, Any]) -> tuple[list[tuple[str, int]], int]:
+    """The old PS's addresses (by index) and their count, as the master names them."""
+    return [(str(h), int(p)) for h, p in meta["from"]], int(meta["from_num_ps"])
+
+
 def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generation: int = 0) -> None:
     from dlrover_kfp.training import ps_server  # noqa: PLC0415
 
     master = _reach(master_address, secret)
-    config = fetch_config(master, "ps", index, generation)
+    state: PsState | None = None
+    moved: dict[str, float] | None = None
+    if generation > 0:
+        config, state, moved = _copied_state(master, index, generation, secret)
+    else:
+        config = fetch_config(master, "ps", index, generation)
     host = advertise_host(master_address[0])
 
     def register(port: int) -> None:
-        master.request(
-            REGISTER, {"index": index, "generation": generation, "address": [host, port]}
-        )
+        meta: dict[str, Any] = {"index": index, "generation": generation, "address": [host, port]}
+        if moved is not None:
+            meta["moved"] = moved
+        master.request(REGISTER, meta)
 
     def stop_with_the_master(server: Server) -> None:
         """A PS lives as long as its master: when the master's connection closes (it exited
@@ -427,7 +507,13 @@ def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generatio
         threading.Thread(target=watch, name="master-watch", daemon=True).start()
 
     ps_server.serve(
-        index, config, secret, register, bind_host=host, on_serving=stop_with_the_master
+        index,
+        config,
+        secret,
+        register,
+        bind_host=host,
+        on_serving=stop_with_the_master,
+        state=state,
     )
     master.close()
 

@@ -7,7 +7,8 @@ Requests (over :mod:`dlrover_kfp.training.wire`):
 * ``checkpoint`` meta ``{"step": n}`` -> ``ok`` ``{"blocked_s": t}``: copy the state into shared
   memory now (training on this PS pauses for the copy only) and persist it in the background;
 * ``checkpoint_status`` -> ``{"done": bool, "part": {...}}`` once the persist has finished;
-* ``stats`` -> counters; ``shutdown`` -> ``ok``, then the server stops.
+* ``stats`` -> counters; ``shutdown`` -> ``ok``, then the server stops;
+* ``transfer_*``: this PS's rows to the PS that replace it (:mod:`.transfer_protocol`).
 
 **Parallelism.** Every connection (one per worker, plus the master's) is served on its own
 thread (``Server(threaded=True)``), and the heavy work of a request (``index_select``, the
@@ -55,9 +56,11 @@ import numpy as np
 import torch
 
 from dlrover_kfp.core.documents import parse
+from dlrover_kfp.core.partition import Partition, overlap
 from dlrover_kfp.core.pod_env import POD_CPU_ENV
 from dlrover_kfp.core.spec import ModelSpec
 from dlrover_kfp.training import checkpoint as ckpt
+from dlrover_kfp.training import transfer_protocol as transfer
 from dlrover_kfp.training.ps_state import PsConfig, PsState
 from dlrover_kfp.training.wire import Message, PeerInfo, Server
 
@@ -118,6 +121,7 @@ class PsService:
         self.lookups = 0
         self.pushes = 0
         self.rows_served = 0
+        self.transfer_bytes = 0
         self.busy_s = 0.0
 
     def handle(self, peer: PeerInfo, msg: Message) -> Message | None:
@@ -209,6 +213,8 @@ class PsService:
             with self._stats_lock:
                 self.pushes += 1
             return Message("ok", {}, ())
+        if kind.startswith("transfer_"):
+            return self._transfer(kind, msg.meta)
         if kind == "checkpoint":  # only through handle(), which holds the gate exclusively
             raise RuntimeError("checkpoint must be dispatched by handle()")
         if kind == "checkpoint_status":
@@ -222,6 +228,51 @@ class PsService:
                 self.server.stop()
             return Message("ok", {}, ())
         raise ValueError(f"unknown request {kind!r}")
+
+    def _transfer(self, kind: str, meta: dict[str, Any]) -> Message:
+        """The old PS's side of a PS change (:mod:`.transfer_protocol`)."""
+        state = self.state
+        if kind == transfer.TRACK:
+            state.track(_meta_int(meta, "generation", 0))
+            return Message("ok", {"rows": int(state.weights.shape[0])}, ())
+        if kind == transfer.UNTRACK:
+            if state.tracking == _meta_int(meta, "generation", 0):
+                state.untrack()
+            return Message("ok", {}, ())
+        if kind == transfer.ROWS:
+            reply = self._transfer_rows(meta)
+        elif kind == transfer.DENSE:
+            if state.dense is None or state.dense_accum is None:
+                raise ValueError(f"PS {state.config.ps_index} holds no dense parameters")
+            with self._dense_lock:  # the pair whole, as one dense update left it
+                arrays = (state.dense.numpy().copy(), state.dense_accum.numpy().copy())
+            reply = Message(transfer.DENSE, {}, arrays)
+        else:
+            raise ValueError(f"unknown request {kind!r}")
+        with self._stats_lock:
+            self.transfer_bytes += sum(a.nbytes for a in reply.arrays)
+        return reply
+
+    def _transfer_rows(self, meta: dict[str, Any]) -> Message:
+        """Rows ``[start, start + count)`` of this PS's overlap with the requester, all of them
+        or (``dirty``) those updated since the requester's ``transfer_track``."""
+        state = self.state
+        mine = state.config.partition
+        new = Partition(mine.total_rows, _meta_int(meta, "num_ps", 1))
+        part = overlap(mine, state.config.ps_index, new, _meta_int(meta, "index", 0))
+        start, count = _meta_int(meta, "start", 0), _meta_int(meta, "count", 0)
+        limit = transfer.MAX_TRANSFER_BYTES // transfer.row_bytes(int(state.weights.shape[1]))
+        if count > limit:
+            raise ValueError(f"{transfer.ROWS}: count {count} exceeds {limit} rows a request")
+        generation = _meta_int(meta, "generation", 0)
+        state.check_tracking(generation)
+        old_slots, new_slots = (torch.from_numpy(a) for a in part.slots(start, count))
+        if meta.get("dirty") is True:
+            marked = state.marked(old_slots, generation)
+            old_slots, new_slots = old_slots[marked], new_slots[marked]
+        weights = state.weights.index_select(0, old_slots)
+        accum = state.accum.index_select(0, old_slots)
+        return Message(transfer.ROWS, {}, (new_slots.numpy(), weights.numpy(), accum.numpy()))
 
     def _checkpoint(self, msg: Message) -> Message:
         if self.checkpointer is None:
@@ -240,31 +291,45 @@ class PsService:
             "rows_served": self.rows_served,
             "busy_s": self.busy_s,
             "state_bytes": self.state.nbytes,
+            "transfer_bytes": self.transfer_bytes,
         }
 
 
-def build_state(index: int, config: dict[str, Any]) -> PsState:
-    """This PS's state: restored from the job's checkpoint when asked to, else initialised."""
+def _meta_int(meta: dict[str, Any], key: str, minimum: int) -> int:
+    """``meta[key]`` as an integer >= ``minimum``, or a ValueError naming it."""
+    value = meta.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value < 2**63:
+        raise ValueError(f"meta key {key!r} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def ps_config(index: int, config: dict[str, Any]) -> PsConfig:
+    """PS ``index``'s part of the job configuration the master gave."""
     model = parse(ModelSpec, config["spec"]["model"], "job spec from the master", prefix="model.")
-    ps_config = PsConfig(
+    return PsConfig(
         model=model,
         num_ps=int(config["num_ps"]),
         ps_index=index,
         learning_rate=float(config["spec"]["training"]["learning_rate"]),
         seed=int(config["seed"]),
     )
+
+
+def build_state(index: int, config: dict[str, Any]) -> PsState:
+    """This PS's state: restored from the job's checkpoint when asked to, else initialised."""
+    own = ps_config(index, config)
     if config.get("restore") and config.get("checkpoint_dir"):
         # The master names the checkpoint when every PS must roll back to the same one.
         choice = config.get("restore_choice")
         restored = ckpt.restore_ps_state(
             config["checkpoint_dir"],
-            ps_config,
+            own,
             config["job_id"],
             choice=None if choice is None else ckpt.CheckpointChoice.from_dict(choice),
         )
         if restored is not None:
             return restored
-    return PsState(ps_config)
+    return PsState(own)
 
 
 def snapshot_copy_threads(env: Mapping[str, str]) -> int:
@@ -288,10 +353,13 @@ def serve(
     *,
     bind_host: str = "127.0.0.1",
     on_serving: Callable[[Server], None] | None = None,
+    state: PsState | None = None,
 ) -> None:
-    """Build the state, listen, tell the master where, and serve until ``shutdown``
-    (``on_serving`` gets the server once registered: to stop it from elsewhere)."""
-    state = build_state(index, config)
+    """Build the state (unless given: one copied from the PS this one replaces), listen, tell
+    the master where, and serve until ``shutdown`` (``on_serving`` gets the server once
+    registered: to stop it from elsewhere)."""
+    if state is None:
+        state = build_state(index, config)
     checkpointer = None
     if config.get("checkpoint_dir"):
         checkpointer = ckpt.PsCheckpointer(

@@ -74,6 +74,25 @@ GROW_400_MB = (
     "    time.sleep(0.02)\n"
     "time.sleep(30)\n"
 )
+# Where a pod's shared memory is, as the trainer's flash checkpoint finds it
+# (training/checkpoint/shm.py default_shm_dir; importing it would cost every pod 0.3 s).
+_SHM_DIR = "pathlib.Path(os.environ.get('DLROVER_KFP_SHM_DIR') or '/dev/shm')"
+# Writes a snapshot into the pod's shared memory, then its directory to argv[3]; sleeps if
+# argv[4] is given, else exits.
+SHM_WRITE = (
+    "import os, pathlib, sys, time\n"
+    f"shm = {_SHM_DIR}\n"
+    "(shm / 'a.snap').write_text('kept')\n"
+    "pathlib.Path(sys.argv[3]).write_text(str(shm))\n"
+    "if len(sys.argv) > 4:\n"
+    "    time.sleep(60)\n"
+)
+# Fails, naming what it found, unless the pod's shared memory is empty.
+SHM_EMPTY = (
+    "import os, pathlib, sys\n"
+    f"found = sorted(p.name for p in {_SHM_DIR}.iterdir())\n"
+    "sys.exit(f'shared memory not empty: {found}' if found else 0)\n"
+)
 
 
 def wait_for(
@@ -90,6 +109,14 @@ def wait_for(
             return last
         if time.monotonic() > deadline:
             raise AssertionError(f"pod {name} not as expected after {timeout_s}s: {last}")
+        time.sleep(0.02)
+
+
+def wait_gone(path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while path.exists():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} still there after {timeout_s}s: {list(path.iterdir())}")
         time.sleep(0.02)
 
 
@@ -341,6 +368,46 @@ class ClusterBackendContract:
         with pytest.raises(BackendClosedError):
             backend.launch(pod("ctr-worker-2", "pass", index=2))
 
+    def test_no_pod_reads_another_pods_shared_memory(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec], shared_dir: Path
+    ) -> None:
+        """Each pod's /dev/shm is its own, as every emptyDir on Kubernetes: a new PS cannot
+        read a live one's snapshot, even beside it on one node."""
+        where = shared_dir / "where-0"
+        backend.launch(pod("ctr-ps-0", SHM_WRITE, role="ps", extra_args=(str(where), "stay")))
+        wait_file(where, self.start_timeout_s)
+
+        backend.launch(pod("ctr-ps-1", SHM_EMPTY, role="ps", index=1))
+        done = wait_for(backend, "ctr-ps-1", terminal, self.start_timeout_s)
+
+        assert (done.reason, done.exit_code) == ("Completed", 0), done.message
+        assert wait_for(backend, "ctr-ps-0", running, 0)  # its snapshot was there all along
+
+    def test_a_pods_shared_memory_lives_and_ends_with_the_pod(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec], shared_dir: Path
+    ) -> None:
+        """Kept while the pod runs; torn down once it has terminated (a kubelet removes a
+        terminated pod's memory-backed volumes) or is deleted; a relaunch under the same name
+        is a new pod, with a new, empty directory."""
+        where = [shared_dir / "where-0", shared_dir / "where-1"]
+        backend.launch(pod("ctr-ps-0", SHM_WRITE, role="ps", extra_args=(str(where[0]), "x")))
+        backend.launch(pod("ctr-ps-1", SHM_WRITE, role="ps", index=1, extra_args=(str(where[1]),)))
+        live = Path(wait_file(where[0], self.start_timeout_s))
+        assert (live / "a.snap").read_text() == "kept"
+
+        done = wait_for(backend, "ctr-ps-1", terminal, self.start_timeout_s)
+        assert done.reason == "Completed"
+        ended = Path(where[1].read_text())
+        assert ended != live
+        wait_gone(ended, self.start_timeout_s)
+        backend.launch(pod("ctr-ps-1", SHM_EMPTY, role="ps", index=1))
+        again = wait_for(backend, "ctr-ps-1", terminal, self.start_timeout_s)
+        assert (again.reason, again.exit_code) == ("Completed", 0), again.message
+
+        assert (live / "a.snap").read_text() == "kept"  # the running pod's is untouched
+        backend.delete("ctr-ps-0", grace_s=1.0)
+        wait_gone(live, self.start_timeout_s)
+
 
 def alive(pid: int) -> bool:
     """A process that exists and is not a zombie awaiting its (re)parent's wait()."""
@@ -377,8 +444,8 @@ ESCAPE_THE_GROUP = (
     "pathlib.Path(sys.argv[3]).write_text(str(kid.pid))\n"
     "time.sleep(60)\n"
 )
-# A master with a local backend of its own: launches two pods that sleep, prints their pids and
-# the backend's record file, and waits to be killed.
+# A master with a local backend of its own: launches two pods that sleep, prints their pids,
+# and waits to be killed.
 MASTER_WITH_PODS = (
     "import sys, time\n"
     "from pathlib import Path\n"
@@ -390,6 +457,12 @@ MASTER_WITH_PODS = (
     "print(backend.pid_of('ctr-worker-0'), backend.pid_of('ctr-worker-1'), flush=True)\n"
     "time.sleep(60)\n"
 )
+
+
+def pods_shm_dir(log_dir: Path) -> Path:
+    """The directory of a backend's pods' shared memory, as its record in ``log_dir`` says."""
+    (record,) = log_dir.glob(".local-backend-*.json")
+    return Path(json.loads(record.read_text())["shm"])
 
 
 class TestLocalBackend(ClusterBackendContract):
@@ -514,6 +587,8 @@ class TestLocalBackend(ClusterBackendContract):
         dead_pods = [int(p) for p in master.stdout.readline().split()]
         (record,) = logs.glob(".local-backend-*.json")
         groups = [Path(g) for g in json.loads(record.read_text())["cgroups"]]
+        dead_shm = pods_shm_dir(logs)
+        assert sorted(p.name for p in dead_shm.iterdir()) == ["ctr-worker-0.1", "ctr-worker-1.2"]
         os.kill(dead_pods[0], signal.SIGSTOP)  # a frozen one: it would never exit by itself
         master.kill()
         master.wait()
@@ -523,9 +598,11 @@ class TestLocalBackend(ClusterBackendContract):
             [sys.executable, "-c", SLEEP_FOREVER],
             env=os.environ | {POD_OWNER_ENV: f"1-1-dead ctr-worker-0 {tmp_path / 'other'}"},
         )
+        where = tmp_path / "where"
         with LocalBackend(logs, cgroups=self.cgroups) as live:
-            live.launch(pod("ctr-ps-0", SLEEP_FOREVER, role="ps"))
+            live.launch(pod("ctr-ps-0", SHM_WRITE, role="ps", extra_args=(str(where), "stay")))
             live_pid = live.pid_of("ctr-ps-0")
+            live_shm = Path(wait_file(where, 5.0))
             try:
                 assert all(alive(pid) for pid in dead_pods)
                 assert all(g.exists() for g in groups)
@@ -537,12 +614,29 @@ class TestLocalBackend(ClusterBackendContract):
                 assert all(wait_dead(pid) for pid in dead_pods)
                 assert not any(g.exists() for g in groups)
                 assert all(g in reaped.cgroups for g in groups)
+                assert reaped.shm == (dead_shm,) and not dead_shm.exists()
                 assert not record.exists() and reaped.left == ()
                 assert live_pid is not None and alive(live_pid) and alive(other.pid)
+                assert (live_shm / "a.snap").read_text() == "kept"
                 assert not reap_pods(logs)  # nothing more: idempotent
             finally:
                 other.kill()
                 other.wait()
+
+    def test_exec_d_processes_share_the_pods_shared_memory_and_close_removes_it_all(
+        self, backend: LocalBackend, pod: Callable[..., PodSpec], tmp_path: Path
+    ) -> None:
+        where = tmp_path / "where"
+        backend.launch(pod("ctr-ps-0", SHM_WRITE, role="ps", extra_args=(str(where), "stay")))
+        shm = Path(wait_file(where, 5.0))
+        same = f"import os, pathlib, sys\nsys.exit({_SHM_DIR} != pathlib.Path(sys.argv[1]))\n"
+
+        exec_d = backend.exec_in("ctr-ps-0", (sys.executable, "-c", same, str(shm)))
+
+        assert exec_d.wait(timeout=10) == 0
+        backend.close(grace_s=0.5)
+        assert not shm.parent.exists()  # every pod's directory, and the backend's own
+        assert not list((tmp_path / "logs").glob(".local-backend-*"))
 
     def test_leftover_children_die_with_the_main_process(
         self, backend: LocalBackend, pod: Callable[..., PodSpec], tmp_path: Path
@@ -649,6 +743,7 @@ class TestLocalBackend(ClusterBackendContract):
         )
         assert "StartError" in backend.log_path("ctr-worker-0").read_text()
         assert backend.usage() == []
+        assert not list(pods_shm_dir(backend.log_path("x").parent).glob("*"))
 
     def test_times_come_from_the_injected_clock(
         self, tmp_path: Path, pod: Callable[..., PodSpec]
@@ -705,6 +800,7 @@ class TestPodSpec:
             {"memory_mb": 0},
             {"command": ()},
             {"env": {POD_CPU_ENV: "8"}},
+            {"env": {"DLROVER_KFP_SHM_DIR": "/dev/shm"}},
         ],
     )
     def test_invalid_specs_are_refused(self, changes: dict[str, object]) -> None:

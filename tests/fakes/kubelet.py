@@ -34,7 +34,14 @@ Choices where a local process cannot be a container:
   references (an env source other than ``value`` and ``secretKeyRef`` keeps the pod waiting, as
   a missing Secret does); no events; the process inherits this process's environment and working
   directory; ``workingDir``, volumes, probes and init containers are ignored; only the first
-  container runs.
+  container runs;
+* each pod's ``/dev/shm`` is its own all the same: the local backend gives every pod a new,
+  empty directory in ``DLROVER_KFP_SHM_DIR`` (an env entry of that name in the manifest is
+  dropped, as the backend's own variables are) and removes it when the pod ends, is deleted or
+  its node is lost. So does a cluster: the runtime gives every pod sandbox a private
+  ``/dev/shm``, whether or not the manifest mounts an ``emptyDir`` there, and the kubelet tears
+  a terminated pod's memory-backed volumes down. No pod reads another's shared memory here,
+  even though all run on this one host.
 """
 
 from __future__ import annotations

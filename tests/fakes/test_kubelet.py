@@ -41,6 +41,22 @@ IGNORE_SIGTERM = (
 )
 
 
+# Names the pod's own shared-memory directory in argv[1], then sleeps.
+NAME_SHM_AND_SLEEP = (
+    "import os, pathlib, sys, time\n"
+    "pathlib.Path(sys.argv[1]).write_text(os.environ['DLROVER_KFP_SHM_DIR'])\n"
+    "time.sleep(60)\n"
+)
+
+
+def wait_text(path: Path, timeout_s: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} not written within {timeout_s}s"
+        time.sleep(0.02)
+    return path.read_text()
+
+
 @dataclass
 class Cluster:
     api: FakeApiServer
@@ -269,14 +285,16 @@ def test_delete_with_grace_stops_the_process_then_removes_the_pod(
     events.stop()
 
 
-def test_evict_preempt_and_lose_node(cluster: Cluster) -> None:
+def test_evict_preempt_and_lose_node(cluster: Cluster, tmp_path: Path) -> None:
     v1, kubelet = cluster.v1, cluster.kubelet
     events = PodWatch(v1)
     for name in ("ev", "pre", "lost"):
-        v1.create_namespaced_pod("default", pod(name, "import time; time.sleep(60)"))
+        v1.create_namespaced_pod("default", pod(name, NAME_SHM_AND_SLEEP, str(tmp_path / name)))
     for name in ("ev", "pre", "lost"):
         events.wait(phase_is(name, "Running"))
     pids = {name: kubelet.pid_of(name) for name in ("ev", "pre", "lost")}
+    shm = {name: Path(wait_text(tmp_path / name)) for name in ("ev", "pre", "lost")}
+    assert len(set(shm.values())) == 3 and all(d.is_dir() for d in shm.values())
 
     kubelet.evict("ev", message="The node was low on resource: memory.")
     evicted = v1.read_namespaced_pod("ev", "default")  # the object stays, Failed
@@ -298,6 +316,8 @@ def test_evict_preempt_and_lose_node(cluster: Cluster) -> None:
     for name in ("pre", "lost"):
         pid = pids[name]
         assert pid is not None and process_gone(pid)
+    # Each pod's /dev/shm went with it: evicted, preempted, or lost with its node.
+    assert not any(d.exists() for d in shm.values())
     events.stop()
 
 

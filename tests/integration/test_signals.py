@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.options import RunSettings
 from dlrover_kfp.training.data import open_dataset, split_ranges
+from tests.processes import as_typed_in_a_terminal
 
 pytestmark = pytest.mark.skipif(
     not Path("/proc/self/environ").exists(), reason="finds the pods' processes in /proc (Linux)"
@@ -82,7 +84,21 @@ def _env() -> dict[str, str]:
 
 
 def _shm_files(run_id: str) -> list[Path]:
-    return [p for p in Path("/dev/shm").glob("*") if quote(run_id, safe="") in p.name]
+    """The run's PS snapshots: in the pods' own shared-memory directories (the local backend's
+    ``dlrover-kfp-pods.<owner>/<pod>.<n>/``), or at the top of /dev/shm (older runs)."""
+    name = quote(run_id, safe="")
+    pods = [d for d in Path("/dev/shm").glob("dlrover-kfp-pods.*") if d.is_dir()]
+    found = [p for p in Path("/dev/shm").glob("*") if name in p.name]
+    for directory in pods:
+        with contextlib.suppress(OSError):
+            found += [p for p in directory.rglob("*") if name in p.name]
+    return found
+
+
+def _pod_shm_dirs(master_pid: int) -> list[Path]:
+    """The pods' shared-memory directories a master's local backend made (named by its owner
+    mark, ``<pid>-<start>-<token>``)."""
+    return list(Path("/dev/shm").glob(f"dlrover-kfp-pods.{master_pid}-*"))
 
 
 def _committed(out: Path) -> list[Path]:
@@ -122,7 +138,13 @@ def _start_and_freeze(cwd: Path) -> Frozen:
     out = cwd / "out"
     stderr = cwd / "first.err"
     with stderr.open("wb") as err:
-        master = subprocess.Popen(RUN, cwd=cwd, env=_env(), stdout=subprocess.DEVNULL, stderr=err)
+        master = subprocess.Popen(
+            as_typed_in_a_terminal(RUN),
+            cwd=cwd,
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     frozen = Frozen(master, "", 0, [], stderr)
     seen: dict[int, psutil.Process] = {}
 
@@ -184,6 +206,7 @@ def _leftovers(frozen: Frozen) -> list[str]:
     out += [f"process {pid} (by address)" for pid in _by_address(frozen.port)]
     out += [f"cgroup {g}" for g in _cgroups_of(frozen.master.pid)]
     out += [f"shm {p}" for p in _shm_files(frozen.run_id)]
+    out += [f"shm {d}" for d in _pod_shm_dirs(frozen.master.pid)]
     return out
 
 
@@ -206,6 +229,8 @@ def _remove_leftovers(frozen: Frozen) -> None:
                 leaf.rmdir()
     for path in _shm_files(frozen.run_id) if frozen.run_id else []:
         path.unlink(missing_ok=True)
+    for directory in _pod_shm_dirs(frozen.master.pid):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -447,6 +447,13 @@ MALFORMED: dict[str, list[tuple[str, dict[str, Any], tuple[np.ndarray, ...]]]] =
         ("push", {}, (np.array([0, 10**6]), np.ones((2, 4), np.float32))),
         ("push", {}, (np.array([1]), np.ones((1, 4), np.float32), np.ones(3, np.float32))),
         ("push", {}, (np.array([1]), np.full((1, 4), np.nan, np.float32))),
+        # a PS change's transfer: rows without tracking, an oversize or negative slice, a
+        # requester index out of range, the dense parameters from a PS that has none
+        ("transfer_rows", {"num_ps": 1, "index": 0, "start": 0, "count": 1, "generation": 7}, ()),
+        ("transfer_track", {"generation": -1}, ()),
+        ("transfer_rows", {"num_ps": 1, "index": 0, "start": -1, "count": 1, "generation": 0}, ()),
+        ("transfer_rows", {"num_ps": 1, "index": 5, "start": 0, "count": 1, "generation": 0}, ()),
+        ("transfer_rows", {"num_ps": 1, "index": 0, "start": 0, "count": 10**9}, ()),
     ],
 }
 

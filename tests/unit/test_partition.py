@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dlrover_kfp.core.partition import Partition, global_ids, table_offsets
+from dlrover_kfp.core.partition import Partition, global_ids, overlap, table_offsets
 
 SIZES = [(r, p) for p in range(1, 8) for r in range(1, 51)]
 
@@ -96,3 +98,47 @@ def test_gids_of_out_of_range_raises(ps: int) -> None:
     # Like rows_on: PS -1 of 3 would otherwise "hold" gid -1 and PS 2's rows [2, 5, 8].
     with pytest.raises(ValueError, match="out of range"):
         Partition(10, 3).gids_of(ps)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=8),
+    st.integers(min_value=1, max_value=8),
+    st.integers(min_value=1, max_value=500),
+)
+def test_the_overlaps_of_a_new_ps_cover_its_slots_once_with_the_same_rows(
+    old_ps: int, new_ps: int, rows: int
+) -> None:
+    old, new = Partition(rows, old_ps), Partition(rows, new_ps)
+    for k in range(new_ps):
+        taken = []
+        for j in range(old_ps):
+            part = overlap(old, j, new, k)
+            old_slots, new_slots = part.slots()
+            assert old_slots.dtype == new_slots.dtype == np.int64
+            assert len(old_slots) == len(new_slots) == part.count
+            # The same global rows on both sides, each held by j before and by k after.
+            assert np.array_equal(old_slots * old_ps + j, new_slots * new_ps + k)
+            assert np.all(old_slots < old.rows_on(j))
+            assert np.all(np.diff(new_slots) > 0)  # new-slot order
+            taken.append(new_slots)
+        # Every slot of new PS k comes from exactly one old PS.
+        assert np.array_equal(np.sort(np.concatenate(taken)), np.arange(new.rows_on(k)))
+
+
+@pytest.mark.parametrize(("start", "count"), [(0, 3), (2, 4), (5, 100), (40, 5), (0, 0)])
+def test_a_slice_of_an_overlap_is_that_slice_of_the_whole(start: int, count: int) -> None:
+    part = overlap(Partition(100, 2), 1, Partition(100, 3), 2)
+    whole_old, whole_new = part.slots()
+    old_slots, new_slots = part.slots(start, count)
+    assert np.array_equal(old_slots, whole_old[start : start + count])
+    assert np.array_equal(new_slots, whole_new[start : start + count])
+
+
+def test_overlap_refuses_other_tables_and_unknown_ps() -> None:
+    with pytest.raises(ValueError, match="different tables"):
+        overlap(Partition(10, 2), 0, Partition(11, 2), 0)
+    with pytest.raises(ValueError, match="out of range"):
+        overlap(Partition(10, 2), 2, Partition(10, 3), 0)
+    with pytest.raises(ValueError, match="out of range"):
+        overlap(Partition(10, 2), 0, Partition(10, 3), 3)

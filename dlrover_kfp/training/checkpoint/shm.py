@@ -23,7 +23,6 @@ import logging
 import mmap
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -35,7 +34,9 @@ from urllib.parse import quote
 
 import numpy as np
 
+from dlrover_kfp.core.pod_env import POD_SHM_ENV
 from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.files import memory_dir
 from dlrover_kfp.training import memory
 from dlrover_kfp.training.checkpoint.format import (
     ARRAY_ALIGN,
@@ -69,7 +70,7 @@ logger = logging.getLogger(__name__)
 GROWTH = 1.25  # a buffer that must grow gets this much headroom, so that the next growth is rare
 _SPLIT_MIN = 32 << 20  # arrays this big are split over the copy threads
 
-SHM_ENV = "DLROVER_KFP_SHM_DIR"
+SHM_ENV = POD_SHM_ENV
 _SHM_PREFIX = "dlrover-kfp"
 _SHM_REST = re.compile(r"g(\d+)\.(ps-\d+)\.snap")
 _SHM_ANY = re.compile(r"g\d+\.ps-\d+\.snap(?:\.\d+\.tmp)?")
@@ -78,12 +79,7 @@ _SHM_ANY = re.compile(r"g\d+\.ps-\d+\.snap(?:\.\d+\.tmp)?")
 def default_shm_dir() -> Path:
     """``$DLROVER_KFP_SHM_DIR``, else ``/dev/shm`` (tmpfs), else the temp dir (slower: disk)."""
     env = os.environ.get(SHM_ENV)
-    if env:
-        return Path(env)
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm
-    return Path(tempfile.gettempdir())
+    return Path(env) if env else memory_dir()
 
 
 def _shm_prefix(job_id: str) -> str:
