@@ -185,9 +185,9 @@ def test_bad_generator_arguments(kwargs: dict[str, object], match: str) -> None:
 
 
 def test_a_thousand_jobs_generate_quickly() -> None:
-    start = time.perf_counter()
+    start = time.process_time()  # the CPU given, not wall time: holds on a busy machine
     jobs = synthetic_trace(1000, 1)
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
     assert len(jobs) == 1000
 
 

@@ -162,10 +162,10 @@ def test_roofline_is_outside_the_planners_model_form() -> None:
 
 def test_throughput_is_fast_enough_for_a_million_calls() -> None:
     for truth in (CONTENTION, ROOFLINE):
-        start = time.perf_counter()
+        start = time.process_time()  # the CPU given, not wall time: holds on a busy machine
         for i in range(50_000):
             truth.evaluate(1 + i % 32, 1 + i % 15, 8.0, 4.0, 512)
-        per_call = (time.perf_counter() - start) / 50_000
+        per_call = (time.process_time() - start) / 50_000
         assert per_call < 10e-6
 
 

@@ -130,9 +130,9 @@ def test_throughput_many_is_fast_enough_for_the_planner(model: PerfModel) -> Non
     assert w.size == 32_768
     best = math.inf
     for _ in range(5):
-        start = time.perf_counter()
+        start = time.process_time()  # the CPU given, not wall time: holds on a busy machine
         model.throughput_many(w, p, lw, lp, 512)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     assert best < 0.005
 
 
@@ -374,7 +374,10 @@ def test_fit_with_the_gamma_search_is_fast_enough_for_the_planner() -> None:
     # configurations (more than a decision sees) with the γ search (21 NNLS) and the overlap
     # form (a dozen starting assignments and a coarse-to-fine γ walk, ~25 NNLS) took 2.5-3.5 ms
     # on the 2-vCPU development VM, the additive form alone about 1 ms; twelve configurations,
-    # what benchmarks/planner_speed.py's decision sees, take about half of that.
+    # what benchmarks/planner_speed.py's decision sees, take about half of that. Timed in the
+    # CPU the process was given (process_time), not wall time: on a machine busy with other
+    # work (two busy loops beside the suite: 7.7 ms of wall time) a fit gets its CPU late,
+    # not more of it.
     observations = bench._measure(
         bench.contention_truth,
         bench._random_configs(np.random.default_rng(1), 50),
@@ -383,9 +386,9 @@ def test_fit_with_the_gamma_search_is_fast_enough_for_the_planner() -> None:
     assert fit(observations).gamma_pinned is False
     best = math.inf
     for _ in range(5):
-        start = time.perf_counter()
+        start = time.process_time()
         fit(observations)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     assert best < 0.005
 
 
