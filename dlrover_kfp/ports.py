@@ -268,7 +268,9 @@ class PodStatus:
     ``finished_at`` is when the backend *noticed* the end, which may lag the real exit by up to
     the backend's polling interval. ``message`` is the last error line of a failed pod's own
     output (:func:`~dlrover_kfp.backends.api.last_error_line`), the cause a user can act on
-    ("No space left on device", "file changed since it was indexed"), None when it wrote none.
+    ("No space left on device", "file changed since it was indexed"), None when it wrote none;
+    for a pod still Pending, why the scheduler placed it on no node (Kubernetes' ``PodScheduled``
+    ``Unschedulable`` message: "0/2 nodes are available: 2 Insufficient cpu.").
     """
 
     name: str

@@ -9,7 +9,8 @@ exactly what a run would send, and the status rules are tested as functions:
   (``coordination.k8s.io/v1``) and who holds it, with MicroTimes in the exact wire format;
 * :func:`pod_status`: a pod object as the API server returns it -> :class:`PodStatus`, reading
   OOMKilled and exit codes from the container's ``state`` / ``lastState``, eviction, preemption
-  and node loss from ``status.reason`` and the ``DisruptionTarget`` condition;
+  and node loss from ``status.reason`` and the ``DisruptionTarget`` condition, and why a pod
+  waits unplaced from the scheduler's ``PodScheduled`` condition;
 * :class:`KubernetesSettings`: where and how the pods run, read once at the edge;
 * Kubernetes quantities (``250m``, ``1.5``, ``2Gi``, ``123456Ki``, ``1e3``) as metrics.k8s.io
   and the API server write them are read by the core's one parser
@@ -481,6 +482,21 @@ def _terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def _unschedulable(status: Mapping[str, Any]) -> str | None:
+    """The scheduler's word on a pod that fits no node ("0/2 nodes are available: 2
+    Insufficient cpu."): the ``PodScheduled`` condition, False with reason ``Unschedulable``.
+    The scheduler writes it on the pod (its ``FailedScheduling`` event says the same, but
+    reading events would need another watch and another right)."""
+    for cond in status.get("conditions") or ():
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
+            return str(cond.get("message") or "Unschedulable")
+    return None
+
+
 def pod_status(
     pod: Mapping[str, Any], *, gone: bool = False, deleted_by_us: bool = False
 ) -> PodStatus:
@@ -528,6 +544,11 @@ def pod_status(
         phase, reason = PodPhase.FAILED, (disruption or PodReason.DELETED).value
     if deleted_by_us:
         phase, reason = PodPhase.FAILED, PodReason.DELETED.value
+    message: str | None = None
+    if phase is PodPhase.PENDING:
+        message = _unschedulable(status)  # so that the master can say why a pod waits
+    elif term and phase is PodPhase.FAILED and reason != PodReason.DELETED.value:
+        message = last_error_line(str(term.get("message") or ""))
     return PodStatus(
         name=str(meta.get("name", "")),
         role=role,
@@ -537,9 +558,5 @@ def pod_status(
         reason=reason if phase.terminal else None,
         started_at=started,
         finished_at=finished if phase.terminal else None,
-        message=(
-            last_error_line(str(term.get("message") or ""))
-            if term and phase is PodPhase.FAILED and reason != PodReason.DELETED.value
-            else None
-        ),
+        message=message,
     )

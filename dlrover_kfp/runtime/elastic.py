@@ -12,7 +12,8 @@ record, which it is given:
   - worker changes are applied to the running job: a removed worker's leased shards go back to
     the queue when its connection drops (the master's ledger), a resized worker is a new pod of
     the new size under the same name, new workers lease shards as they come;
-  - a PS change (count or size, or one PS moved) is applied **live** (:meth:`_switch_ps`):
+  - a PS change (count or size, or one PS moved) is applied **live**, as one protocol with
+    explicit steps (:class:`~dlrover_kfp.runtime.ps_change.PsChange`):
     the new PS pods start while training goes on and copy their rows from the old PS over the
     network (each takes, from every old PS, the rows of its own partition: re-partitioned
     when the count changes), the old PS marking every row updated from then on; then the
@@ -58,10 +59,9 @@ failure) lands in the profile.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import statistics
 import threading
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from dlrover_kfp.core.documents import parse, to_dict
@@ -87,34 +87,17 @@ from dlrover_kfp.core.planner.relaunch import (
 from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent, RuntimeSample
 from dlrover_kfp.core.reconcile import ChangeKind, Pod, move_ps, reconcile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.errors import PermanentError, TransientError
 from dlrover_kfp.ports import Clock, ClusterBackend, PodPhase, PodStatus
-from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.job import JobFailedError, JobRun, Progress
 from dlrover_kfp.runtime.liveness import WatchedPs
-from dlrover_kfp.runtime.master import MasterState, PsSwitch
+from dlrover_kfp.runtime.master import MasterState
 from dlrover_kfp.runtime.options import Migration, RunOptions
+from dlrover_kfp.runtime.ps_change import (
+    PsChange,
+    pause_timeout_s,
+    wait_for_terminal,
+)
 from dlrover_kfp.training import checkpoint as ckpt
-from dlrover_kfp.training.master_protocol import USAGE_INTERVAL_S
-
-log = logging.getLogger("dlrover_kfp.elastic")
-
-#: Seconds the workers get to pause for a PS switch before the stragglers are stopped:
-#: ``_PAUSE_SHARDS`` times a shard's time at the job's median speed, within these bounds.
-_PAUSE_TIMEOUT_S = 20.0
-_PAUSE_MIN_S = 3.0
-_PAUSE_SHARDS = 4
-#: A worker that has not reported its usage for this long is frozen (SIGSTOPped, its node
-#: hung): a switch does not wait for it. Two and a half report intervals leave room for one
-#: late report of a busy process, whose reporting thread needs the GIL only briefly.
-_SILENT_S = 2.5 * USAGE_INTERVAL_S
-#: Seconds a new PS of a switch may run (its pod started, by the backend) without a first usage
-#: report before it is frozen. A pod reports before it loads torch (training/node.py main):
-#: ~0.25 s of CPU after the interpreter starts, 1 s in a quarter-core pod; five report
-#: intervals leave a contended node ten times that. A pod still scheduled or pulling its
-#: image is not running yet: the startup timeout (startup_timeout_s, 180 s) covers that.
-_FIRST_REPORT_S = 5 * USAGE_INTERVAL_S
-
 
 #: How the backend's reasons map to the relaunch policy's causes.
 _CAUSES = {
@@ -180,8 +163,6 @@ class ElasticPolicy:
         self.migration: Migration = migration
         #: the node of each PS index: a moved PS is a new pod of a later generation
         self._ps_nodes: dict[int, NodeId] = {k: NodeId("ps", k) for k in range(plan.ps.count)}
-        #: per new PS pod of a switch, when the backend first said it runs
-        self._running_since: dict[str, float] = {}
         #: seconds training was paused by each PS change
         self.ps_pauses: list[float] = []
         #: threads stopping the PS a switch replaced, once their checkpoint is committed
@@ -341,11 +322,12 @@ class ElasticPolicy:
         self._join_retiring()
         for pod in self._ps_pod_names():
             self.run.stop(pod)
-        self._wait_for_terminal(
+        wait_for_terminal(
+            self.run,
             [
                 *self._ps_pod_names(),
                 *(self.run.worker_name(k) for k in range(self.run.workers.count)),
-            ]
+            ],
         )
         self.run.coordinator.close()  # a checkpoint in flight fails with the dead PS: not committed
         choice = ckpt.select_checkpoint(self.run.checkpoint_dir)  # committed ones only
@@ -593,7 +575,7 @@ class ElasticPolicy:
                 change = move_ps(
                     self._current_pods(), index, self.ctx.quota_cpu, self.ctx.quota_memory_mb
                 )
-                self._switch_ps(state, self.run.ps, frozenset({index}), live=change.live)
+                self._switch_ps(self.run.ps, frozenset({index}), live=change.live)
         elif ps_target == self.run.ps and moved:
             self._restart_with(state, target)
         else:
@@ -645,10 +627,10 @@ class ElasticPolicy:
             if change.kind is ChangeKind.REMOVE_WORKER:
                 self.run.stop(name)
             elif change.kind is ChangeKind.REPARTITION_PS:
-                self._switch_ps(state, target.ps, None, live=change.live)
+                self._switch_ps(target.ps, None, live=change.live)
             elif change.kind is ChangeKind.MIGRATE_PS:
                 # One PS after another, each to a pod of the new size.
-                self._switch_ps(state, target.ps, frozenset({change.index}), live=change.live)
+                self._switch_ps(target.ps, frozenset({change.index}), live=change.live)
             elif change.kind is ChangeKind.ADD_WORKER:
                 self._launch_worker(change.index, target.workers)
         self.run.workers = target.workers
@@ -661,7 +643,7 @@ class ElasticPolicy:
         step = self.run.next_checkpoint_step(state)
         self.run.coordinator.checkpoint(step, extra=self.run.checkpoint_extra(state))
         self.run.coordinator.shutdown_ps()
-        self._wait_for_terminal(self._ps_pod_names())
+        wait_for_terminal(self.run, self._ps_pod_names())
         self.run.coordinator.close()
         for name in self._ps_pod_names():
             self.run.stopping.add(name)
@@ -680,171 +662,39 @@ class ElasticPolicy:
         self.run.progress(f"{self.run.run_id}: {detail}")
 
     def _switch_ps(
-        self,
-        state: MasterState,
-        target: NodeGroup,
-        moved: frozenset[int] | None,
-        *,
-        live: bool = True,
+        self, target: NodeGroup, moved: frozenset[int] | None, *, live: bool = True
     ) -> None:
-        """A change of the PS set without restarting the workers (module docstring and
-        runtime/master.py).
+        """A change of the PS set without restarting the workers, live or stop-first: one
+        :class:`~dlrover_kfp.runtime.ps_change.PsChange` (the protocol: its module docstring).
 
         ``moved`` names the PS that move to new pods of ``target``'s size; ``None`` replaces
-        all of them (a new count). ``live``: the new pods start while training goes on and
-        copy their rows from the old PS over the network; the workers pause only for the rows
-        updated since the copy began (the quota holds old and new together). Otherwise the old
-        PS write a checkpoint and stop first, and the new ones restore it: the pause includes
-        their start. If a new PS fails to start, copy or restore, the switch is abandoned: the
-        workers reconnect to the old PS when those still run.
-        """
-        self._join_retiring()  # the previous switch's old PS have stopped
-        replaced = (
-            frozenset(range(target.count))
-            if moved is None or target.count != self.run.ps.count
-            else moved
+        all of them (a new count). The policy keeps what the change leaves: the PS nodes, the
+        pause, the thread stopping the old PS; the workers it stopped for not pausing are
+        launched again."""
+        self._join_retiring()  # the previous change's old PS have stopped
+        outcome = self._ps_change(target, moved, live=live).carry_out()
+        if outcome.retiring is not None:
+            self._retiring.append(outcome.retiring)
+        self._ps_nodes = dict(outcome.ps_nodes)
+        self._relaunch_workers(outcome.stopped_workers)
+        if outcome.pause_s is not None:
+            self.ps_pauses.append(outcome.pause_s)
+
+    def _ps_change(
+        self, target: NodeGroup, moved: frozenset[int] | None, *, live: bool
+    ) -> PsChange:
+        """The change :meth:`_switch_ps` carries out, from the PS serving now. The workers'
+        pause is bounded by four shards' time at the recent median speed, and the ones Stage 3
+        found slow since the last change are not waited for (a frozen one would hold it)."""
+        return PsChange(
+            self.run,
+            ps_nodes=self._ps_nodes,
+            target=target,
+            moved=moved,
+            live=live,
+            pause_timeout=pause_timeout_s(self._shard_s(self.run.samples[-5:])),
+            slow={name for name, w in self._reassigned.items() if w == len(self._starts)},
         )
-        retired = {k for k in self._ps_nodes if k in replaced or k >= target.count}
-        old_pods = [self.run.pod_name(self._ps_nodes[k]) for k in sorted(retired)]
-        with state.lock:
-            generation = state.generation + 1
-            # Without a copy, the new PS restore the switch's own checkpoint, the newest.
-            config = {
-                **state.job_config,
-                "num_ps": target.count,
-                "restore": True,
-                "restore_choice": None,
-            }
-            sources = [state.ps_addresses[k] for k in range(self.run.ps.count)] if live else None
-            switch = state.switch = PsSwitch(
-                generation, target.count, replaced, config, copy_from=sources
-            )
-            # An abandoned switch's generation comes again: its pods' reports are not these'.
-            for k in replaced:
-                state.usage.pop(NodeId("ps", k, generation), None)
-        new_nodes = {k: NodeId("ps", k, generation) for k in replaced}
-        new_pods = {k: self.run.pod_name(node) for k, node in new_nodes.items()}
-        for name in new_pods.values():
-            self._running_since.pop(name, None)
-
-        def launch_new() -> None:
-            for k in sorted(replaced):
-                self.run.launch(new_nodes[k], target)
-
-        old = self.run.coordinator
-        if live:
-            # 1. The new PS start and copy their rows while training goes on.
-            launch_new()
-            if not self._await(
-                state, lambda: switch.standby >= replaced, new_pods, "copy its rows", generation
-            ):
-                return
-            # 2. The workers pause: every reported shard's pushes are applied, the old PS are
-            # quiescent. 3. Released, the new PS fetch the rows updated since their copy.
-            paused, unready = self._pause_workers(state, switch)
-            with state.lock:
-                switch.released = True
-            source = "over the network"
-        else:
-            # 2. The workers pause. 3. A checkpoint of the quiescent PS; the old PS stop and
-            # the new ones start and restore it.
-            paused, unready = self._pause_workers(state, switch)
-            step = self.run.next_checkpoint_step(state)
-            try:
-                old.checkpoint(step, extra=self.run.checkpoint_extra(state))
-            except (TransientError, PermanentError, OSError) as exc:
-                # A PS died or its disk failed mid-switch: no checkpoint to move from. The
-                # switch is abandoned; the main loop sees the dead PS and rolls back.
-                self._abandon_switch(state, {}, f"its checkpoint of step {step:,} failed: {exc}")
-                self._relaunch_workers(unready)
-                return
-            with state.lock:
-                switch.released = True
-            old.shutdown_ps(retired)
-            for name in old_pods:
-                self.run.stopping.add(name)
-            self._wait_for_terminal(old_pods, timeout_s=10.0)
-            launch_new()
-            source = f"from the checkpoint of step {step:,}, after the old ones stopped"
-        restored = self._await(
-            state, lambda: set(switch.addresses) >= replaced, new_pods, "serve", generation
-        )
-        if not restored:
-            if not live:
-                raise JobFailedError("the PS could not be restarted from the checkpoint")
-            self._relaunch_workers(unready)
-            return
-        # 4. The switch: the workers waiting for their configuration get the new set.
-        if live:
-            self._retire(old, retired, old_pods)
-        else:
-            old.close()
-        with state.lock:
-            state.ps_addresses = {
-                k: switch.addresses[k] if k in replaced else state.ps_addresses[k]
-                for k in range(target.count)
-            }
-            state.num_ps = target.count
-            state.job_config = config
-            state.generation = generation
-            state.switch = None
-        pause = self.run.clock.monotonic() - paused
-        self.run.ps = target
-        # The old PS may still persist a checkpoint: their .tmp is not stale.
-        self.run.coordinator = self.run.new_coordinator(state, prune_tmp=False)
-        for name in old_pods:
-            self.run.stopping.add(name)
-        self._ps_nodes = {k: new_nodes.get(k) or self._ps_nodes[k] for k in range(target.count)}
-        self._relaunch_workers(unready)
-        self.ps_pauses.append(pause)
-        detail = (
-            f"PS {', '.join(str(k) for k in sorted(replaced))} moved to new pods "
-            f"({target.count} x {target.cpu:g} cpu, {target.memory_mb} MiB) {source}"
-            f"{_moved_detail(switch.moved.values())}; training paused {pause:.2f}s"
-        )
-        t = round(self.run.clock.monotonic() - self.run.start, 3)
-        self.run.events.append(JobEvent(time=t, kind="migration", detail=detail))
-        self.run.progress(f"{self.run.run_id}: {detail}")
-
-    def _pause_workers(
-        self, state: MasterState, switch: PsSwitch
-    ) -> tuple[float, dict[str, float | None]]:
-        """Ask the workers to pause for ``switch``; stop those that do not in time (their
-        leases return). When the pause began, and the workers stopped."""
-        paused = self.run.clock.monotonic()
-        with state.lock:
-            switch.pausing = True
-        unready = self._await_pause(state, switch)
-        for name, silent_s in unready.items():
-            self.run.stop(name)
-            t = round(self.run.clock.monotonic() - self.run.start, 3)
-            detail = (
-                "did not pause for the PS switch"
-                + ("" if silent_s is None else f" (silent for {silent_s:.1f}s: frozen)")
-                + ": stopped, its shards back to the queue"
-            )
-            self.run.events.append(JobEvent(time=t, kind="straggler", node=name, detail=detail))
-            self.run.progress(f"{self.run.run_id}: {name}: {detail}")
-        return paused, unready
-
-    def _retire(self, old: CheckpointCoordinator, retired: set[int], pods: list[str]) -> None:
-        """Once the old PS have persisted the switch's checkpoint (and it is committed), stop
-        the retired ones; on a thread, so that training goes on meanwhile."""
-
-        def retire() -> None:
-            try:
-                old.join()
-                old.shutdown_ps(retired)
-            except Exception as exc:
-                log.warning("stopping the old PS (their pods are deleted): %s", exc)
-                for name in pods:
-                    self.run.backend.delete(name)
-            finally:
-                old.close()
-
-        thread = threading.Thread(target=retire, name="retire-ps", daemon=True)
-        thread.start()
-        self._retiring.append(thread)
 
     def _join_retiring(self) -> None:
         for thread in self._retiring:
@@ -854,120 +704,6 @@ class ElasticPolicy:
     def finish(self) -> None:
         """The PS a last switch replaced stop once its checkpoint is committed."""
         self._join_retiring()
-
-    def _await(
-        self,
-        state: MasterState,
-        done: Callable[[], bool],
-        new_pods: dict[int, str],
-        what: str,
-        generation: int,
-    ) -> bool:
-        """Wait for the new PS of a switch; on failure, freezing or timeout abandon the switch.
-
-        A new PS that is frozen (:meth:`_frozen_new_ps`) is killed and the switch abandoned
-        within _FIRST_REPORT_S of its start or _SILENT_S of its freezing, not at the timeout."""
-        deadline = self.run.clock.monotonic() + self.run.settings.startup_timeout_s
-        while self.run.clock.monotonic() < deadline:
-            with state.lock:
-                if done():
-                    return True
-            statuses = [s for s in self.run.backend.statuses() if s.name in new_pods.values()]
-            failed = [s for s in statuses if s.phase.terminal]
-            if failed:
-                reason = self.run.describe_failure(failed[0])
-                break
-            frozen = self._frozen_new_ps(state, statuses, generation)
-            if frozen is not None:
-                pod, reason = frozen
-                self.run.stopping.add(pod)
-                self.run.backend.delete(pod, grace_s=0.0)  # a frozen process ignores SIGTERM
-                break
-            self.run.clock.sleep(0.005)
-        else:
-            reason = f"the new PS did not {what} within {self.run.settings.startup_timeout_s:.0f}s"
-        self._abandon_switch(state, new_pods, reason)
-        return False
-
-    def _frozen_new_ps(
-        self, state: MasterState, pods: Sequence[PodStatus], generation: int
-    ) -> tuple[str, str] | None:
-        """A new PS of a switch that is frozen, and why: running (by the backend) for
-        _FIRST_REPORT_S without a usage report, or silent for _SILENT_S since its last one.
-        Its reports come from their own thread, started before anything slow (training/node.py),
-        so neither a PS loading torch nor one restoring a checkpoint is silent that long."""
-        now = self.run.clock.monotonic()
-        for pod in pods:
-            if pod.phase is not PodPhase.RUNNING:
-                continue
-            since = self._running_since.setdefault(pod.name, now)
-            heard = state.last_heard(NodeId("ps", pod.index, generation))
-            if heard is None and now - since > _FIRST_REPORT_S:
-                return pod.name, (
-                    f"new PS {pod.name} frozen: no usage report within {now - since:.1f}s of "
-                    "its start; killed, the old PS keep serving"
-                )
-            if heard is not None and now - heard > _SILENT_S:
-                return pod.name, (
-                    f"new PS {pod.name} frozen: no usage report for {now - heard:.1f}s; "
-                    "killed, the old PS keep serving"
-                )
-        return None
-
-    def _abandon_switch(self, state: MasterState, new_pods: dict[int, str], reason: str) -> None:
-        """Give a PS switch up: the workers go back to the old PS, the new pods stop."""
-        with state.lock:
-            state.switch = None
-        for name in new_pods.values():
-            self.run.stop(name)
-        t = round(self.run.clock.monotonic() - self.run.start, 3)
-        self.run.events.append(
-            JobEvent(time=t, kind="failure", detail=f"PS change abandoned: {reason}")
-        )
-        self.run.progress(f"{self.run.run_id}: PS change abandoned: {reason}")
-
-    def _await_pause(self, state: MasterState, switch: PsSwitch) -> dict[str, float | None]:
-        """Wait until every running, configured worker has paused; the pods that did not, each
-        with how long it had been silent if it was frozen (None: it was not).
-
-        A frozen worker would hold the switch for the whole timeout, so neither a worker Stage
-        3 found slow since the last change nor one that stopped reporting its usage for
-        _SILENT_S is waited for: they are among the pods returned."""
-        # A worker pauses once its current shard is done and reported: within one shard's time
-        # at the median speed, two at half of it (the straggler rule's line). Four shards' time
-        # (at least _PAUSE_MIN_S) leaves room for that, and a frozen one holds the job little.
-        shard_s = self._shard_s(self.run.samples[-5:])
-        timeout = _PAUSE_TIMEOUT_S if shard_s is None else _PAUSE_SHARDS * shard_s
-        deadline = self.run.clock.monotonic() + min(_PAUSE_TIMEOUT_S, max(_PAUSE_MIN_S, timeout))
-        slow = {name for name, w in self._reassigned.items() if w == len(self._starts)}
-        while True:
-            running = [
-                s
-                for s in self.run.backend.statuses()
-                if s.role == "worker" and not s.phase.terminal and s.name not in self.run.stopping
-            ]
-            with state.lock:
-                waiting = [
-                    s.name
-                    for s in running
-                    if NodeId.worker(s.index).key in state.configured
-                    and NodeId.worker(s.index).key not in switch.ready
-                ]
-            silent = self._silent(state, running)
-            if set(waiting) <= slow | silent.keys() or self.run.clock.monotonic() > deadline:
-                return {name: silent.get(name) for name in waiting}
-            self.run.clock.sleep(0.005)
-
-    def _silent(self, state: MasterState, pods: Sequence[PodStatus]) -> dict[str, float]:
-        """The worker pods of ``pods`` that have not reported their usage for _SILENT_S: how
-        long. A pod that has not reported yet is not judged (it may still be starting)."""
-        now = self.run.clock.monotonic()
-        out = {}
-        for pod in pods:
-            heard = state.last_heard(NodeId.worker(pod.index))
-            if heard is not None and now - heard > _SILENT_S:
-                out[pod.name] = now - heard
-        return out
 
     def _relaunch_workers(self, names: Collection[str]) -> None:
         for name in names:
@@ -980,38 +716,8 @@ class ElasticPolicy:
             raise ValueError(f"{name} is not a worker pod of job {self.run.spec.name}")
         return node.index
 
-    def _wait_for_terminal(self, names: Sequence[str], timeout_s: float = 30.0) -> None:
-        deadline = self.run.clock.monotonic() + timeout_s
-        wanted = set(names)
-        while self.run.clock.monotonic() < deadline:
-            states = {s.name: s.phase for s in self.run.backend.statuses() if s.name in wanted}
-            if all(phase.terminal for phase in states.values()):
-                return
-            self.run.clock.sleep(0.05)
-        for name in wanted:
-            self.run.stop(name)
-
     def applied_plans(self) -> tuple[AppliedPlan, ...]:
         return tuple(self.plans)
-
-
-def _moved_detail(moved: Iterable[dict[str, float]]) -> str:
-    """What a switch's new PS moved over the network, from their own accounts (none: a
-    restore from a checkpoint)."""
-    parts = list(moved)
-    if not parts or not all(parts):
-        return ""
-
-    def total(key: str) -> float:
-        return sum(p.get(key, 0.0) for p in parts)
-
-    copied_mib = (total("bytes") - total("resent_bytes")) / 2**20
-    return (
-        f": {total('rows'):,.0f} rows ({copied_mib:,.1f} MiB) copied while training in "
-        f"{max(p.get('copy_s', 0.0) for p in parts):.2f}s, {total('resent_rows'):,.0f} "
-        f"updated since ({total('resent_bytes') / 2**20:,.1f} MiB) fetched in "
-        f"{max(p.get('finish_s', 0.0) for p in parts):.2f}s of the pause"
-    )
 
 
 def _only(sample: RuntimeSample, pods: Collection[str]) -> RuntimeSample:

@@ -424,7 +424,12 @@ class JobRun(Generic[P]):
         return pod
 
     def launch(self, node: NodeId, group: NodeGroup) -> None:
-        self.backend.launch(self.pod(node, group))
+        """Start ``node``'s pod. A pod stopped on purpose under that name before (an abandoned
+        PS change's, whose generation and names come again) is gone: this one's end, should it
+        fail, is a failure."""
+        pod = self.pod(node, group)
+        self.stopping.discard(pod.name)
+        self.backend.launch(pod)
 
     def stop(self, name: str) -> None:
         """Stop a pod on purpose: its end is no failure."""

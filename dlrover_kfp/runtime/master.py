@@ -16,15 +16,18 @@ token), not by its name: a relaunched ``worker-3`` may lease shards before the m
 its predecessor's connection drop, and that drop must take back only the predecessor's leases.
 Progress is still counted per name.
 
-**A live change of the PS set** (:class:`PsSwitch`, driven by the elastic run) goes through
-the same service. The PS set has a *generation*; the first PS are generation 0. A new PS of
-generation ``g`` asks for its configuration with ``{"generation": g}`` and is told to wait
-(*standby*: its process has started and imported everything) until the master *releases* it,
-once a checkpoint of the quiescent old PS is committed; it then restores from that checkpoint
-and registers. Meanwhile, once the switch is *pausing*, every ``get_shard`` and ``report``
-answer carries ``{"switch": g}``: a worker finishes its step, waits for its pushes, reports,
-sends ``ready`` and asks for the configuration again, which waits until the new PS are
-registered and then names them.
+**A live change of the PS set** (:class:`PsSwitch`, driven by the elastic run:
+runtime/ps_change.py) goes through the same service. The PS set has a *generation*; the first
+PS are generation 0. A new PS of generation ``g`` asks for its configuration with
+``{"generation": g}``. When the old PS still run, the answer names them (``copy``): the new PS
+copies its rows from them over the network while training goes on, says ``copied`` and is on
+*standby*; released once the workers paused, it is told the same sources again (``migrate``),
+fetches the rows updated since its copy and registers. When the old PS stopped first, it waits
+on standby until the master releases it, once a checkpoint of the quiescent old PS is
+committed, then restores from that checkpoint and registers. Meanwhile, once the switch is
+*pausing*, every ``get_shard`` and ``report`` answer carries ``{"switch": g}``: a worker
+finishes its step, waits for its pushes, reports, sends ``ready`` and asks for the
+configuration again, which waits until the new PS are registered and then names them.
 """
 
 from __future__ import annotations

@@ -219,6 +219,23 @@ def test_a_pod_gone_while_running_was_deleted_or_disrupted() -> None:
     assert (st.phase, st.reason) == (PodPhase.FAILED, "Deleted")
 
 
+def test_a_pending_pod_says_why_the_scheduler_left_it_unplaced() -> None:
+    why = "0/2 nodes are available: 2 Insufficient cpu."
+    unplaced = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": why}  # fmt: skip
+    st = pod_status(obj("Pending", conditions=[unplaced]))
+    assert (st.phase, st.reason, st.message) == (PodPhase.PENDING, None, why)
+    # placed (the condition True), or waiting for another reason: nothing to say
+    placed = {**unplaced, "status": "True", "reason": None, "message": None}
+    assert pod_status(obj("Pending", conditions=[placed])).message is None
+    gated = {**unplaced, "reason": "SchedulingGated"}
+    assert pod_status(obj("Pending", conditions=[gated])).message is None
+    # a failed pod's message stays its own last error line, not the scheduler's
+    ended = obj("Failed", terminated={"exitCode": 1, "reason": "Error", "message": "OSError: boom"},
+                conditions=[unplaced])  # fmt: skip
+    assert pod_status(ended).message == "OSError: boom"
+
+
 def test_secret_keys_are_per_distinct_value_and_reveal_nothing() -> None:
     known: dict[tuple[str, str], str] = {}
     a, new_a = secret_keys({"TOKEN": "v1", "MODE": "x"}, known)

@@ -8,6 +8,7 @@ rights the master needs, where the job secret may appear.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -53,6 +54,7 @@ from tests.backends.test_local_backend import (
 )
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.fakes.kubelet import FakeKubelet
+from tests.fakes.scheduler import UNREACHABLE, FakeScheduler, Node
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "default"
@@ -132,6 +134,33 @@ def test_evicted_preempted_and_lost_pods_say_so(
     assert (st0.phase, st0.reason) == (PodPhase.FAILED, "Evicted")
     assert (st1.phase, st1.reason) == (PodPhase.FAILED, "Preempted")
     assert (st2.phase, st2.reason) == (PodPhase.FAILED, "NodeLost")
+
+
+def test_on_two_nodes_a_pod_that_fits_none_says_why_and_a_lost_node_fails_only_its_own(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    nodes = [Node("node-a", cpu="1"), Node("node-b", cpu="1")]
+    with (
+        FakeScheduler(api, nodes, log_dir=tmp_path / "nodes") as cluster,
+        make_backend(api, tmp_path) as b,
+    ):
+        for k in range(3):  # 0.75 cpu each: one per node, the third fits neither
+            b.launch(dataclasses.replace(quick(f"test-worker-{k}", SLEEP_FOREVER), cpu=0.75))
+            if k < 2:
+                wait_for(b, f"test-worker-{k}", running, 20)
+        waiting = wait_for(b, "test-worker-2", lambda st: st.message is not None, 10)
+        assert waiting.phase is PodPhase.PENDING
+        assert waiting.message == "0/2 nodes are available: 2 Insufficient cpu."
+        cluster.lose_node("node-a")
+        lost = wait_for(b, "test-worker-0", terminal, 10)
+        assert (lost.phase, lost.reason) == (PodPhase.FAILED, "NodeLost")
+        statuses = {st.name: st for st in b.statuses()}
+    assert statuses["test-worker-1"].phase is PodPhase.RUNNING
+    assert statuses["test-worker-2"].phase is PodPhase.PENDING
+    assert (
+        statuses["test-worker-2"].message
+        == f"0/2 nodes are available: 1 Insufficient cpu, 1 {UNREACHABLE}."
+    )
 
 
 def test_a_pod_deleted_by_someone_else_reads_deleted(

@@ -3,9 +3,11 @@
 :mod:`.kube_apiserver` is a Kubernetes API server (pods, secrets, leases and the
 ``metrics.k8s.io`` PodMetrics list: the calls of the Kubernetes backend, and what ``kubectl get``
 and ``describe`` read) on a local HTTP port, that the unmodified official ``kubernetes`` client
-and ``kubectl`` talk to, with the faults the tests inject; :mod:`.kubelet` is a kubelet (and
-scheduler) that runs the pods it is given as local processes through
-:class:`dlrover_kfp.backends.LocalBackend` and reports their status through the API.
+and ``kubectl`` talk to, with the faults the tests inject; :mod:`.kubelet` is a kubelet that
+runs the pods of its node as local processes through :class:`dlrover_kfp.backends.LocalBackend`
+and reports their status through the API (alone, it binds every pod to its one node);
+:mod:`.scheduler` places pods on several such nodes by their CPU and memory requests, leaving a
+pod that fits none Pending and ``Unschedulable``.
 """
 
 from tests.fakes.kube_apiserver import (
@@ -16,12 +18,15 @@ from tests.fakes.kube_apiserver import (
     parse_quantity,
 )
 from tests.fakes.kubelet import FakeKubelet, StatusWrite
+from tests.fakes.scheduler import FakeScheduler, Node
 
 __all__ = [
     "ApiCall",
     "ApiError",
     "FakeApiServer",
     "FakeKubelet",
+    "FakeScheduler",
+    "Node",
     "StatusWrite",
     "format_quantity",
     "parse_quantity",

@@ -22,7 +22,7 @@ causes; a quantity or a Lease field that does not decode is 400); optimistic con
 ``Conflict``, and no Lease update without a ``resourceVersion``); 409 ``AlreadyExists``; watches
 (chunked HTTP, ``ADDED``/``MODIFIED``/``DELETED``/``BOOKMARK``/``ERROR``, resume from a
 resourceVersion, 410 ``Expired`` once the history is compacted, ``timeoutSeconds``); graceful
-deletion of a pod bound to a node while a kubelet is attached; owner-reference garbage
+deletion of a pod bound to a node whose kubelet is attached; owner-reference garbage
 collection (background propagation).
 
 Test controls, the faults the tests inject: :meth:`FakeApiServer.fail` (the next requests of a
@@ -30,8 +30,9 @@ verb on a resource), :meth:`~FakeApiServer.storm` (every request, for a while),
 :meth:`~FakeApiServer.throttle` (429 with ``Retry-After``), :meth:`~FakeApiServer.forbid` (403),
 :meth:`~FakeApiServer.compact` and :meth:`~FakeApiServer.expire_watches` (410), and
 ``serve_metrics``; an audit log (:attr:`~FakeApiServer.calls`, :meth:`~FakeApiServer.rbac_verbs`)
-checks the backend's Role. Requests with the header ``X-Fake-Kubelet`` (the fake kubelet's) skip
-faults and authorization and are marked ``from_kubelet`` in the audit log.
+checks the backend's Role. Requests with the header ``X-Fake-Kubelet`` (the fake kubelet's and
+the fake scheduler's: the cluster's own, not the product's) skip faults and authorization and
+are marked ``from_kubelet`` in the audit log.
 
 Everything else is refused with the status a real server gives what it does not serve (404,
 405, 400 for a field selector or a set-based label selector, 415 for other patch types), so that
@@ -1174,8 +1175,8 @@ class FakeApiServer:
     """
 
     def __init__(self, *, history_limit: int = 20000) -> None:
-        #: Whether a kubelet runs pods; makes deleting a bound, running pod graceful.
-        self.kubelet_attached = False
+        #: The nodes a kubelet runs pods on; deleting a running pod bound to one is graceful.
+        self.kubelet_nodes: set[str] = set()
         #: When False, ``metrics.k8s.io`` is absent: 404 on its paths, not in ``/apis``.
         self.serve_metrics = True
         #: Seconds between BOOKMARK events on watches that allow them.
@@ -1630,12 +1631,11 @@ class FakeApiServer:
 
     def _grace(self, res: Resource, obj: Json, asked: int | None) -> int:
         """The seconds a delete leaves the object for: a pod's grace period (the one asked,
-        else its spec's) while a kubelet is there to stop it, bound and not ended; else 0."""
+        else its spec's) while its node's kubelet is there to stop it, and not ended; else 0."""
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
         graceful = (
             res.name == "pods"
-            and self.kubelet_attached
-            and bool(spec.get("nodeName"))
+            and spec.get("nodeName") in self.kubelet_nodes
             and status.get("phase") not in _TERMINAL_PHASES
         )
         if not graceful:

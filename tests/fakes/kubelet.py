@@ -1,18 +1,19 @@
-"""A fake kubelet (and scheduler) that runs a :class:`~tests.fakes.kube_apiserver.FakeApiServer`'s
-pods as local processes, for tests.
+"""A fake kubelet that runs a :class:`~tests.fakes.kube_apiserver.FakeApiServer`'s pods as local
+processes, for tests: the pods of one node.
 
 Like a real kubelet it talks to the API server over HTTP only (its requests carry the header
 ``X-Fake-Kubelet``, which exempts them from the server's injected faults and authorization and
 marks them ``from_kubelet`` in its audit log): it lists and watches pods (relisting after a 410),
-binds unscheduled pods to its node (``pods/NAME/binding``), resolves the first container's
-environment (``value`` and ``secretKeyRef``: what the Kubernetes backend's pods carry; a missing
-Secret or key keeps the pod Pending in ``CreateContainerConfigError`` until it appears), runs
-its command through :class:`dlrover_kfp.backends.LocalBackend` (which enforces the CPU limit with
-cgroups where it can and the memory limit, OOMKilled with 137), and writes the pod's status
-through ``pods/NAME/status`` as a kubelet does (phase, IPs, conditions, ``containerStatuses``
-with running/terminated states). A pod marked for deletion is stopped with its grace period,
-its terminated state written, and then removed with a grace-0 DELETE. Usage goes to the
-server's metrics API every ``metrics_interval_s``.
+binds unscheduled pods to its node (``pods/NAME/binding``) unless a
+:class:`~tests.fakes.scheduler.FakeScheduler` places them on several nodes, resolves the first
+container's environment (``value`` and ``secretKeyRef``: what the Kubernetes backend's pods
+carry; a missing Secret or key keeps the pod Pending in ``CreateContainerConfigError`` until it
+appears), runs its command through :class:`dlrover_kfp.backends.LocalBackend` (which enforces
+the CPU limit with cgroups where it can and the memory limit, OOMKilled with 137), and writes
+the pod's status through ``pods/NAME/status`` as a kubelet does (phase, IPs, conditions,
+``containerStatuses`` with running/terminated states). A pod marked for deletion is stopped with
+its grace period, its terminated state written, and then removed with a grace-0 DELETE. Usage
+goes to the server's metrics API every ``metrics_interval_s``.
 
 The faults the tests inject through it: :meth:`FakeKubelet.evict` (node pressure),
 :meth:`~FakeKubelet.preempt` (the scheduler), :meth:`~FakeKubelet.lose_node`; and
@@ -30,7 +31,7 @@ Choices where a local process cannot be a container:
 * a container without a CPU or memory limit runs with its request, else with this machine's
   cores and 1 GiB;
 * every pod runs once, as under the backend's ``restartPolicy: Never`` (no restart in place);
-  one node, every pod IP 127.0.0.1; no ``$(VAR)`` expansion, ``envFrom``, ConfigMap or field
+  every pod IP 127.0.0.1; no ``$(VAR)`` expansion, ``envFrom``, ConfigMap or field
   references (an env source other than ``value`` and ``secretKeyRef`` keeps the pod waiting, as
   a missing Secret does); no events; the process inherits this process's environment and working
   directory; ``workingDir``, volumes, probes and init containers are ignored; only the first
@@ -59,7 +60,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -139,19 +140,21 @@ class _Pod:
         return first if isinstance(first, dict) else {}
 
 
-class _Client:
-    """A minimal JSON client with a keep-alive connection per thread."""
+class ApiClient:
+    """A minimal JSON client with a keep-alive connection per thread, for the cluster's own
+    components (``agent``: the kubelet of a node, the scheduler): its requests carry
+    ``X-Fake-Kubelet``, so the server's faults, meant for the product, spare them."""
 
-    def __init__(self, api: FakeApiServer, node_name: str) -> None:
-        self._api = api
-        self._node = node_name
+    def __init__(self, api: FakeApiServer, agent: str) -> None:
+        self.api = api
+        self._agent = agent
         self._local = threading.local()
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
         headers = {
-            "User-Agent": f"kubelet/v1.32.0 (linux/amd64) fake-kubelet/{self._node}",
+            "User-Agent": f"{self._agent} (linux/amd64) fake/v1.32.0",
             "Accept": "application/json",
-            KUBELET_HEADER: self._node,
+            KUBELET_HEADER: self._agent,
         }
         if content_type:
             headers["Content-Type"] = content_type
@@ -160,7 +163,7 @@ class _Client:
     def _connection(self) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is None:
-            conn = http.client.HTTPConnection("127.0.0.1", self._api.port, timeout=30)
+            conn = http.client.HTTPConnection("127.0.0.1", self.api.port, timeout=30)
             self._local.conn = conn
         return conn
 
@@ -182,7 +185,7 @@ class _Client:
             except (OSError, http.client.HTTPException):
                 conn.close()
                 self._local.conn = None
-                if attempt == 2 or self._api.closed:
+                if attempt == 2 or self.api.closed:
                     raise
                 time.sleep(0.05)
                 continue
@@ -195,9 +198,9 @@ class _Client:
     def stream(
         self, path: str, query: Mapping[str, Any], on_open: threading.Event | None = None
     ) -> Iterator[Json]:
-        """A watch: yields events; the caller closes it by closing :attr:`watch_conn`.
+        """A watch: yields events; :meth:`close_watch` ends it from another thread.
         ``on_open`` is set once the server has answered 200."""
-        conn = http.client.HTTPConnection("127.0.0.1", self._api.port, timeout=None)
+        conn = http.client.HTTPConnection("127.0.0.1", self.api.port, timeout=None)
         self.watch_conn = conn
         try:
             conn.request("GET", path + "?" + urlencode(query), headers=self._headers())
@@ -223,10 +226,62 @@ class _Client:
 
     watch_conn: http.client.HTTPConnection | None = None
 
+    def close_watch(self) -> None:
+        """End :meth:`stream`'s watch from another thread."""
+        conn = self.watch_conn
+        if conn is not None and conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(2)
+
+
+def watch_pods(
+    client: ApiClient,
+    stop: threading.Event,
+    synced: threading.Event,
+    emit: Callable[[str, Json], None],
+) -> None:
+    """List every pod, then watch from the list's version until ``stop``, as an informer
+    does: ``emit("SYNC", {"items": [...]})`` after each list (the first, and again after a 410
+    Gone), then ``emit(type, object)`` for each event. ``synced`` is set once a watch is
+    open."""
+    rv: str | None = None
+    while not stop.is_set():
+        try:
+            if rv is None:
+                code, listing = client.request("GET", "/api/v1/pods")
+                if code != 200:
+                    time.sleep(0.1)
+                    continue
+                rv = listing["metadata"]["resourceVersion"]
+                emit("SYNC", {"items": listing.get("items") or []})
+            query = {
+                "watch": "1",
+                "resourceVersion": rv,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": 300,
+            }
+            for event in client.stream("/api/v1/pods", query, synced):
+                if stop.is_set():
+                    return
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    rv = None if obj.get("code") == 410 else rv
+                    break
+                new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if new_rv:
+                    rv = new_rv
+                if kind != "BOOKMARK":
+                    emit(str(kind), obj)
+        except (OSError, http.client.HTTPException, ValueError):
+            if stop.is_set() or client.api.closed:
+                return
+            time.sleep(0.05)
+
 
 class FakeKubelet:
-    """Runs the pods of ``api`` (binding unscheduled ones to ``node_name``) as local
-    processes; see the module docstring. Use as a context manager."""
+    """Runs the pods of ``api`` bound to ``node_name`` as local processes, binding
+    unscheduled ones there first when it ``schedules`` (the default: a one-node cluster);
+    see the module docstring. Use as a context manager."""
 
     def __init__(
         self,
@@ -236,9 +291,13 @@ class FakeKubelet:
         log_dir: Path,
         metrics_interval_s: float = 0.5,
         executables: Mapping[str, str] | None = None,
+        schedules: bool = True,
     ) -> None:
         self.api = api
         self.node_name = node_name
+        #: Whether it binds unscheduled pods to its node itself (a one-node cluster); else a
+        #: :class:`~tests.fakes.scheduler.FakeScheduler` binds them and it runs only its own.
+        self.schedules = schedules
         self.log_dir = Path(log_dir)
         self.metrics_interval_s = metrics_interval_s
         self.executables = dict(
@@ -249,7 +308,7 @@ class FakeKubelet:
         #: Every status written, in order (for latency measurements).
         self.status_writes: list[StatusWrite] = []
         self.backend = LocalBackend(self.log_dir)
-        self._client = _Client(api, node_name)
+        self._client = ApiClient(api, f"kubelet/{node_name}")
         self._lock = threading.RLock()
         self._pods: dict[str, _Pod] = {}  # by uid
         self._events: list[tuple[str, Json]] = []
@@ -258,7 +317,7 @@ class FakeKubelet:
         self._node_lost = False
         self._threads: list[threading.Thread] = []
         self._synced = threading.Event()  # listed and watching
-        api.kubelet_attached = True
+        api.kubelet_nodes.add(node_name)
         for target, name in ((self._watch_loop, "watch"), (self._sync_loop, "sync")):
             thread = threading.Thread(target=target, name=f"fake-kubelet-{name}", daemon=True)
             thread.start()
@@ -285,14 +344,11 @@ class FakeKubelet:
         self._stop.set()
         with self._lock:
             self._events_ready.notify_all()
-        conn = self._client.watch_conn
-        if conn is not None and conn.sock is not None:
-            with contextlib.suppress(OSError):
-                conn.sock.shutdown(2)
+        self._client.close_watch()
         for thread in self._threads:
             thread.join(timeout=10)
         self.backend.close(grace_s=1.0)
-        self.api.kubelet_attached = False
+        self.api.kubelet_nodes.discard(self.node_name)
 
     # -- public helpers ----------------------------------------------------------------------
 
@@ -383,38 +439,7 @@ class FakeKubelet:
     # -- watch -------------------------------------------------------------------------------
 
     def _watch_loop(self) -> None:
-        rv: str | None = None
-        while not self._stop.is_set():
-            try:
-                if rv is None:
-                    code, listing = self._client.request("GET", "/api/v1/pods")
-                    if code != 200:
-                        time.sleep(0.1)
-                        continue
-                    rv = listing["metadata"]["resourceVersion"]
-                    self._enqueue("SYNC", {"items": listing.get("items") or []})
-                query = {
-                    "watch": "1",
-                    "resourceVersion": rv,
-                    "allowWatchBookmarks": "true",
-                    "timeoutSeconds": 300,
-                }
-                for event in self._client.stream("/api/v1/pods", query, self._synced):
-                    if self._stop.is_set():
-                        return
-                    kind, obj = event.get("type"), event.get("object") or {}
-                    if kind == "ERROR":
-                        rv = None if obj.get("code") == 410 else rv
-                        break
-                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
-                    if new_rv:
-                        rv = new_rv
-                    if kind != "BOOKMARK":
-                        self._enqueue(str(kind), obj)
-            except (OSError, http.client.HTTPException, ValueError):
-                if self._stop.is_set() or self.api.closed:
-                    return
-                time.sleep(0.05)
+        watch_pods(self._client, self._stop, self._synced, self._enqueue)
 
     def _enqueue(self, kind: str, obj: Json) -> None:
         with self._lock:
@@ -447,7 +472,7 @@ class FakeKubelet:
 
     def _mine(self, obj: Json) -> bool:
         node = (obj.get("spec") or {}).get("nodeName") or ""
-        return node in ("", self.node_name)
+        return node == self.node_name or (not node and self.schedules)
 
     def _resync(self, items: list[Json]) -> None:
         seen = set()
@@ -899,4 +924,4 @@ def _condition(kind: str, status: str, reason: str, message: str) -> Json:
     }
 
 
-__all__ = ["FakeKubelet", "StatusWrite"]
+__all__ = ["ApiClient", "FakeKubelet", "StatusWrite", "watch_pods"]

@@ -334,7 +334,7 @@ def test_delete_returns_the_object_and_is_graceful_only_with_a_kubelet(
     with pytest.raises(ApiException):
         v1.read_namespaced_pod("gone", "default")
 
-    api.kubelet_attached = True
+    api.kubelet_nodes.add("fake-node-0")
     v1.create_namespaced_pod("default", pod_body("bound"))
     binding = {"target": {"apiVersion": "v1", "kind": "Node", "name": "fake-node-0"},
                "metadata": {"name": "bound"}}  # fmt: skip

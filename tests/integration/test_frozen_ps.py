@@ -6,7 +6,7 @@ answer (liveness.PROBE_TIMEOUT_S), within liveness.DETECT_S of its freezing, and
 
 * an elastic run kills it and rolls the job back to its last checkpoint, as for a dead PS;
 * a PS change whose new PS freezes is abandoned (the old PS keep serving) within
-  elastic._FIRST_REPORT_S of the new pod's start or elastic._SILENT_S of its freezing;
+  ps_change.FIRST_REPORT_S of the new pod's start or ps_change.SILENT_S of its freezing;
 * a static run fails, and its cleanup waits on no PS longer than one request may take
   (checkpoints.RPC_TIMEOUT_S), the frozen PS having been killed.
 
@@ -30,7 +30,7 @@ from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.planner.settings import NodeLimits
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.runtime import checkpoints, elastic, liveness
+from dlrover_kfp.runtime import checkpoints, liveness, ps_change
 from dlrover_kfp.runtime.elastic import ElasticPolicy
 from dlrover_kfp.runtime.job import JobRun, static_run
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
@@ -128,7 +128,7 @@ def test_a_frozen_ps_is_killed_and_the_job_rolls_back_to_its_checkpoint(tmp_path
 
 # ~30 s on a 2-core machine (a PS change abandoned, then one done): -m long.
 @pytest.mark.long
-@pytest.mark.timeout(elastic._FIRST_REPORT_S + 120)
+@pytest.mark.timeout(ps_change.FIRST_REPORT_S + 120)
 def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) -> None:
     """Stage 3 finds the PS hot (threshold 0) and moves it to a new pod; that pod freezes
     after its first usage report. The change is abandoned, the old PS serves on, and a later
@@ -167,8 +167,8 @@ def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) ->
     assert "new PS frozen-ps-0-g1 frozen: no usage report for" in abandoned[0].detail
     took = seen["abandoned"] - seen["frozen"]
     print(f"\nnew PS frozen during a PS change: the change abandoned after {took:.1f}s")
-    assert took <= elastic._SILENT_S + 2.0, seen
-    assert took <= elastic._FIRST_REPORT_S
+    assert took <= ps_change.SILENT_S + 2.0, seen
+    assert took <= ps_change.FIRST_REPORT_S
 
 
 # 15-22 s on a 2-core machine: in the default suite.

@@ -25,11 +25,12 @@ from dlrover_kfp.core.planner.relaunch import Relaunch
 from dlrover_kfp.core.profile import NodeSample, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.ports import PodPhase, PodStatus
-from dlrover_kfp.runtime import elastic, liveness
+from dlrover_kfp.runtime import liveness, ps_change
 from dlrover_kfp.runtime.elastic import ElasticPolicy, elastic_run
 from dlrover_kfp.runtime.job import JobFailedError, JobRun
-from dlrover_kfp.runtime.master import MasterService, PsSwitch
+from dlrover_kfp.runtime.master import MasterService
 from dlrover_kfp.runtime.options import RunOptions
+from dlrover_kfp.runtime.ps_change import PsChange, Step
 from dlrover_kfp.training.master_protocol import CONFIG, USAGE_INTERVAL_S
 from dlrover_kfp.training.wire import Message, PeerInfo, Server
 from tests.factories import node_sample, runtime_sample
@@ -65,7 +66,11 @@ def _close_servers() -> Iterator[None]:
         _servers.pop().close()
 
 
-def _run(tmp_path: Path) -> tuple[Run, MasterService, RunningPods]:
+def build_run(tmp_path: Path) -> tuple[Run, MasterService, RunningPods]:
+    """An elastic run of SPEC on :class:`RunningPods` and a :class:`FakeClock`, its two
+    workers started and configured against generation 0 (also tests/unit/test_ps_change.py's).
+    Its master's socket exists (the pods' command names its address) but is not served: the
+    caller closes it."""
     spec = parse(JobSpec, load_text(SPEC, "pause"), "pause")
     assert spec.resources.workers is not None and spec.resources.ps is not None
     plan = ResourcePlan(
@@ -85,17 +90,33 @@ def _run(tmp_path: Path) -> tuple[Run, MasterService, RunningPods]:
     )
     run.state.ps_addresses = {0: ("127.0.0.1", 1), 1: ("127.0.0.1", 2)}
     service = MasterService(run.state, clock=run.clock.monotonic)
-    # The master's socket, not served: the pods' command names its address.
     run.server = Server(("127.0.0.1", 0), run.secret, service.handle)
-    _servers.append(run.server)
     for k in range(2):  # both workers start and are configured against generation 0
         run.policy._launch_worker(k, run.workers)
         _config(service, k)
     return run, service, pods
 
 
-def _switch() -> PsSwitch:
-    return PsSwitch(generation=1, num_ps=2, replaced=frozenset({0}), job_config={}, pausing=True)
+def _run(tmp_path: Path) -> tuple[Run, MasterService, RunningPods]:
+    run, service, pods = build_run(tmp_path)
+    assert run.server is not None
+    _servers.append(run.server)
+    return run, service, pods
+
+
+def _change(run: Run) -> PsChange:
+    """The policy's live change moving PS 0 (generation 1), its record installed."""
+    change = run.policy._ps_change(run.ps, frozenset({0}), live=True)
+    change.start()
+    return change
+
+
+def _pausing(run: Run) -> PsChange:
+    """:func:`_change`, its workers asked to pause; worker-1 has."""
+    change = _change(run)
+    change.switch.pausing = True
+    change.switch.ready.add("worker-1")
+    return change
 
 
 def _clock(run: Run) -> FakeClock:
@@ -105,15 +126,14 @@ def _clock(run: Run) -> FakeClock:
 
 def test_a_switch_waits_for_a_configured_worker_until_it_pauses(tmp_path: Path) -> None:
     run, _, _ = _run(tmp_path)
-    switch = _switch()
-    switch.ready.add("worker-1")
+    change = _pausing(run)
     started = run.clock.monotonic()
-    waiting = run.policy._await_pause(run.state, switch)
+    waiting = change.await_pause()
     # worker-0 never paused: the switch gave up on it after its timeout, and names it. With no
     # shard time measured yet, the timeout is the whole bound.
     assert waiting == {run.worker_name(0): None}
     waited = run.clock.monotonic() - started
-    assert elastic._PAUSE_TIMEOUT_S <= waited < elastic._PAUSE_TIMEOUT_S + 0.1
+    assert ps_change.PAUSE_TIMEOUT_S <= waited < ps_change.PAUSE_TIMEOUT_S + 0.1
 
 
 def test_the_pause_timeout_is_four_shards_at_the_median_speed_within_its_bounds(
@@ -129,10 +149,9 @@ def test_the_pause_timeout_is_four_shards_at_the_median_speed_within_its_bounds(
             for k in range(2)
         ]
         run.samples = [runtime_sample(float(t), workers, throughput=2 * speed) for t in range(1, 6)]
-        switch = _switch()
-        switch.ready.add("worker-1")
+        change = _pausing(run)
         started = run.clock.monotonic()
-        run.policy._await_pause(run.state, switch)
+        change.await_pause()
         assert expected <= run.clock.monotonic() - started < expected + 0.1, speed
 
 
@@ -147,14 +166,12 @@ def test_a_worker_silent_for_a_few_report_intervals_is_frozen_and_not_waited_for
     """A SIGSTOPped worker cannot pause and stops reporting: the switch goes on without it
     (it is stopped and relaunched) instead of waiting out its timeout."""
     run, _, _ = _run(tmp_path)
-    _reported(run, 0, elastic._SILENT_S + 1.0)
+    _reported(run, 0, ps_change.SILENT_S + 1.0)
     _reported(run, 1, 0.5)
-    switch = _switch()
-    switch.ready.add("worker-1")
-    waiting = run.policy._await_pause(run.state, switch)
+    waiting = _pausing(run).await_pause()
     assert _clock(run).sleeps == []  # at once
     assert list(waiting) == [run.worker_name(0)]
-    assert waiting[run.worker_name(0)] == pytest.approx(elastic._SILENT_S + 1.0)
+    assert waiting[run.worker_name(0)] == pytest.approx(ps_change.SILENT_S + 1.0)
 
 
 @pytest.mark.parametrize("relaunched", [False, True])
@@ -167,26 +184,24 @@ def test_a_worker_heard_from_lately_or_not_yet_is_waited_for(
     # Reporting every USAGE_INTERVAL_S while the switch waits: never silent for _SILENT_S.
     _clock(run).world.append(lambda now: _reported(run, 0, now % USAGE_INTERVAL_S))
     if relaunched:
-        _reported(run, 0, elastic._SILENT_S + 1.0)
+        _reported(run, 0, ps_change.SILENT_S + 1.0)
         run.policy._launch_worker(0, run.workers)
         _clock(run).world.clear()
         _config(service, 0)
-    switch = _switch()
-    switch.ready.add("worker-1")
+    change = _pausing(run)
     started = run.clock.monotonic()
-    assert run.policy._await_pause(run.state, switch) == {run.worker_name(0): None}
-    assert run.clock.monotonic() - started >= elastic._PAUSE_TIMEOUT_S
+    assert change.await_pause() == {run.worker_name(0): None}
+    assert run.clock.monotonic() - started >= ps_change.PAUSE_TIMEOUT_S
 
 
 def test_a_worker_relaunched_before_it_was_configured_is_not_waited_for(tmp_path: Path) -> None:
     run, service, _ = _run(tmp_path)
     run.policy._launch_worker(0, run.workers)  # worker-0 failed and was relaunched; not asked
-    switch = _switch()
-    switch.ready.add("worker-1")
-    assert run.policy._await_pause(run.state, switch) == {}
+    change = _pausing(run)
+    assert change.await_pause() == {}
     assert _clock(run).sleeps == []
     # Asking during the switch, it is told to wait; afterwards it gets the new PS set.
-    run.state.switch = switch
+    assert run.state.switch is change.switch
     assert _config(service, 0) == {"wait": True}
 
 
@@ -365,12 +380,13 @@ def _new_ps(run: Run, pods: RunningPods, generation: int = 1) -> list[PodStatus]
 
 def test_a_new_ps_of_a_switch_is_frozen_when_silent(tmp_path: Path) -> None:
     run, _, pods = _run(tmp_path)
+    change = _change(run)
     new = _new_ps(run, pods)
-    assert run.policy._frozen_new_ps(run.state, new, 1) is None  # just started, not reported yet
+    assert change.frozen(new) is None  # just started, not reported yet
     _ps_reported(run, 0, 0.5, generation=1)
-    assert run.policy._frozen_new_ps(run.state, new, 1) is None  # reported lately
-    _ps_reported(run, 0, elastic._SILENT_S + 1.0, generation=1)
-    frozen = run.policy._frozen_new_ps(run.state, new, 1)
+    assert change.frozen(new) is None  # reported lately
+    _ps_reported(run, 0, ps_change.SILENT_S + 1.0, generation=1)
+    frozen = change.frozen(new)
     assert frozen is not None and frozen[0] == "pause-ps-0-g1"
     assert "frozen: no usage report for" in frozen[1]
 
@@ -379,15 +395,16 @@ def test_a_new_ps_running_without_a_first_report_is_frozen_a_pending_one_is_not(
     tmp_path: Path,
 ) -> None:
     run, _, pods = _run(tmp_path)
+    change = _change(run)
     new = _new_ps(run, pods)
-    assert run.policy._frozen_new_ps(run.state, new, 1) is None
-    run.policy._running_since["pause-ps-0-g1"] -= elastic._FIRST_REPORT_S + 1.0
-    frozen = run.policy._frozen_new_ps(run.state, new, 1)
+    assert change.frozen(new) is None
+    change.running_since["pause-ps-0-g1"] -= ps_change.FIRST_REPORT_S + 1.0
+    frozen = change.frozen(new)
     assert frozen is not None and "no usage report within" in frozen[1]
     pending = [dataclasses.replace(s, phase=PodPhase.PENDING) for s in new]
-    run.policy._running_since.clear()
-    assert run.policy._frozen_new_ps(run.state, pending, 1) is None
-    assert run.policy._running_since == {}  # not running yet: its clock has not started
+    change.running_since.clear()
+    assert change.frozen(pending) is None
+    assert change.running_since == {}  # not running yet: its clock has not started
 
 
 def test_a_frozen_new_ps_abandons_the_switch_at_once(tmp_path: Path) -> None:
@@ -396,11 +413,11 @@ def test_a_frozen_new_ps_abandons_the_switch_at_once(tmp_path: Path) -> None:
     run, _, pods = _run(tmp_path)
     run.settings = dataclasses.replace(run.settings, startup_timeout_s=60.0)
     run.start = run.clock.monotonic()
-    _new_ps(run, pods)
-    _ps_reported(run, 0, elastic._SILENT_S + 1.0, generation=1)
-    run.state.switch = _switch()
-    ok = run.policy._await(run.state, lambda: False, {0: "pause-ps-0-g1"}, "start", 1)
+    change = _change(run)
+    _ps_reported(run, 0, ps_change.SILENT_S + 1.0, generation=1)
+    ok = change.copy()  # launches the new pod, which has gone silent
     assert not ok and _clock(run).sleeps == []
+    assert change.history == [Step.STARTING, Step.COPYING, Step.ABANDONED]
     assert run.state.switch is None and run.state.generation == 0
     assert "pause-ps-0-g1" not in pods.pods
     [event] = run.events
