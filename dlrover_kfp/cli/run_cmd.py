@@ -169,7 +169,8 @@ def _dry_run(spec: JobSpec, kube: KubeOptions, options: RunOptions) -> int:
 
 def _settings(args: argparse.Namespace, kube: KubeOptions | None) -> RunSettings:
     """The run's settings from the flags; on Kubernetes the pods run the image's interpreter
-    (not this one's path) and reach the master at its address (a placeholder in a dry run)."""
+    (not this one's path) and reach the master at its address; a dry run, which starts no
+    master, prints ``--master-host`` or, without it, the literal ``<master-ip>`` to fill in."""
     settings = RunSettings(
         checkpoint_interval_s=args.checkpoint_interval,
         sample_interval_s=args.sample_interval,

@@ -95,7 +95,6 @@ from dlrover_kfp.runtime.options import Migration, RunOptions
 from dlrover_kfp.runtime.ps_change import (
     PsChange,
     pause_timeout_s,
-    wait_for_terminal,
 )
 from dlrover_kfp.training import checkpoint as ckpt
 
@@ -322,8 +321,7 @@ class ElasticPolicy:
         self._join_retiring()
         for pod in self._ps_pod_names():
             self.run.stop(pod)
-        wait_for_terminal(
-            self.run,
+        self.run.wait_for_terminal(
             [
                 *self._ps_pod_names(),
                 *(self.run.worker_name(k) for k in range(self.run.workers.count)),
@@ -375,11 +373,11 @@ class ElasticPolicy:
         self.run.coordinator = self.run.new_coordinator(state)
 
     def _launch_worker(self, index: int, group: NodeGroup) -> None:
-        """(Re)start worker ``index`` at ``group``'s size; a stop of it is no longer ours.
+        """(Re)start worker ``index`` at ``group``'s size (a stop of it is no longer ours:
+        :meth:`JobRun.launch`).
 
         The new pod is not configured until it asks: a PS switch must not wait for it to
         pause (it cannot; it is given the new PS set once the switch is over)."""
-        self.run.stopping.discard(self.run.worker_name(index))
         with self.run.state.lock:
             self.run.state.configured.pop(NodeId.worker(index).key, None)
             # Its predecessor's reports say nothing about whether the new pod is frozen.
@@ -643,7 +641,7 @@ class ElasticPolicy:
         step = self.run.next_checkpoint_step(state)
         self.run.coordinator.checkpoint(step, extra=self.run.checkpoint_extra(state))
         self.run.coordinator.shutdown_ps()
-        wait_for_terminal(self.run, self._ps_pod_names())
+        self.run.wait_for_terminal(self._ps_pod_names())
         self.run.coordinator.close()
         for name in self._ps_pod_names():
             self.run.stopping.add(name)

@@ -17,7 +17,7 @@ import json
 import logging
 import math
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -778,11 +778,24 @@ class JobRun(Generic[P]):
 
     def _wait_for_exit(self, timeout_s: float) -> None:
         """Let the pods finish on their own (the PS exit after ``shutdown``) before cleanup."""
+        self._until_ended(None, timeout_s)
+
+    def wait_for_terminal(self, names: Collection[str], timeout_s: float = 30.0) -> None:
+        """Until the pods ``names`` have ended; those still running after ``timeout_s`` are
+        stopped."""
+        if not self._until_ended(set(names), timeout_s):
+            for name in names:
+                self.stop(name)
+
+    def _until_ended(self, names: Collection[str] | None, timeout_s: float) -> bool:
+        """Whether the pods ``names`` (None: every pod) ended within ``timeout_s``."""
         deadline = self.clock.monotonic() + timeout_s
         while self.clock.monotonic() < deadline:
-            if all(s.phase.terminal for s in self.backend.statuses()):
-                return
+            statuses = self.backend.statuses()
+            if all(s.phase.terminal for s in statuses if names is None or s.name in names):
+                return True
             self.clock.sleep(0.05)
+        return False
 
     def _show_progress(self, state: MasterState) -> None:
         """The progress line of the newest sample."""

@@ -282,7 +282,7 @@ class PsChange:
         self.run.coordinator.shutdown_ps(self.retired)
         for name in self.old_pods:
             self.run.stopping.add(name)
-        wait_for_terminal(self.run, self.old_pods, timeout_s=10.0)
+        self.run.wait_for_terminal(self.old_pods, timeout_s=10.0)
 
     def restore(self) -> None:
         """RESTORING (stop-first): the new PS start and restore the checkpoint. One that
@@ -498,20 +498,6 @@ def retire(
     return thread
 
 
-def wait_for_terminal(run: JobRun[Any], names: Sequence[str], timeout_s: float = 30.0) -> None:
-    """Until the pods ``names`` have ended; those still running after ``timeout_s`` are
-    stopped."""
-    deadline = run.clock.monotonic() + timeout_s
-    wanted = set(names)
-    while run.clock.monotonic() < deadline:
-        states = {s.name: s.phase for s in run.backend.statuses() if s.name in wanted}
-        if all(phase.terminal for phase in states.values()):
-            return
-        run.clock.sleep(0.05)
-    for name in wanted:
-        run.stop(name)
-
-
 def moved_detail(moved: Iterable[dict[str, float]]) -> str:
     """What a change's new PS moved over the network, from their own accounts (none: a
     restore from a checkpoint)."""
@@ -540,5 +526,4 @@ __all__ = [
     "moved_detail",
     "pause_timeout_s",
     "retire",
-    "wait_for_terminal",
 ]
