@@ -307,6 +307,23 @@ class PodUsage:
     cpu_throttled: float | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResizeOutcome:
+    """What :meth:`ClusterBackend.resize` did.
+
+    ``in_place``: the running pod now has the new limits and its processes went on (the same
+    pids, nothing restarted). Otherwise the pod is unchanged and ``reason`` says why, in the
+    backend's words (the API refused the ``resize`` subresource: an older cluster; the node
+    cannot fit it: ``PodResizePending`` ``Infeasible``; a memory decrease; not applied within
+    the timeout): the caller replaces the pod instead. ``seconds``: from the request until the
+    new limits were applied (or refused).
+    """
+
+    in_place: bool
+    reason: str = ""
+    seconds: float = 0.0
+
+
 class ClusterBackend(Protocol):
     """Launches, watches and stops one job's pods. Safe to call from several threads.
 
@@ -334,6 +351,17 @@ class ClusterBackend(Protocol):
         """Stop a pod: SIGTERM, then SIGKILL if it is still running after ``grace_s``. Returns
         once it has stopped. Idempotent: a finished, already deleted or unknown pod is left as
         it is. A running pod ends ``FAILED`` with reason ``Deleted`` whatever its exit code."""
+        ...
+
+    def resize(
+        self, name: str, cpu: float, memory_mb: int, timeout_s: float = 30.0
+    ) -> ResizeOutcome:
+        """Change a running pod's CPU and memory limits in place, as Kubernetes' ``resize``
+        subresource does: its processes go on under the new CFS quota and memory limit, and
+        :meth:`usage` reports the new requests from then on. Returns once the new limits are
+        applied, or, when the backend cannot apply them (see :class:`ResizeOutcome`), with
+        ``in_place=False`` and the pod unchanged. :class:`PodNotFoundError` if no pod of that
+        name is running."""
         ...
 
     def statuses(self) -> list[PodStatus]:

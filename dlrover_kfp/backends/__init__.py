@@ -27,6 +27,7 @@ from dlrover_kfp.ports import (
     PodSpec,
     PodStatus,
     PodUsage,
+    ResizeOutcome,
 )
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ __all__ = [
     "PodSpec",
     "PodStatus",
     "PodUsage",
+    "ResizeOutcome",
 ]
 
 

@@ -9,7 +9,9 @@ throttled until the next period. This module gives a local pod the same: its own
     memory max  = memory_mb MiB                                    (v2 ``memory.max``,
                                                                   v1 ``memory.limit_in_bytes``)
 
-and reads what the pod used from the group's own accounting (v2 ``cpu.stat`` ``usage_usec``,
+and changes them in place while the pod runs (:meth:`PodGroup.set_limits`, what a kubelet does
+for an in-place resize: the same processes, a new quota). It reads what the pod used from the
+group's own accounting (v2 ``cpu.stat`` ``usage_usec``,
 v1 ``cpuacct.usage``), which counts every thread and child of the pod, including those that
 already exited. Memory is reported as *resident* memory, anonymous plus shared (``memory.stat``
 ``anon + shmem``, v1 ``total_rss + total_shmem``): what the pod's processes hold, as their RSS
@@ -45,6 +47,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from dlrover_kfp.core.cpu_limit import cores_from_cfs, cores_from_cpu_max
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +123,16 @@ class PodGroup(Protocol):
 
     def usage(self) -> GroupUsage: ...
 
+    def set_limits(self, cpu: float, memory_mb: int) -> None:
+        """Rewrite the running group's CPU quota and memory limit (an in-place resize).
+
+        The memory limit goes first, being the one the kernel may refuse: below what the
+        group holds now it would have to reclaim or OOM-kill. v1 refuses with EBUSY; v2 would
+        kill, so the resident memory is checked before the write, as a kubelet checks a
+        container's usage before it lowers its limit. Either way :class:`CgroupError` names
+        the file and nothing was changed."""
+        ...
+
     def oom_kills(self) -> int:
         """Processes of the group the kernel killed for exceeding its memory limit."""
         ...
@@ -167,6 +181,16 @@ def _write(path: Path, value: str) -> None:
         path.write_text(value)
     except OSError as exc:
         raise CgroupError(exc.errno, f"cannot write {value!r} to {path}: {exc.strerror}") from exc
+
+
+def _refuse_below(resident: int | None, memory_mb: int, path: Path) -> None:
+    """EBUSY, naming ``path``, when ``memory_mb`` MiB is less than the ``resident`` bytes a
+    group holds: a limit below that would OOM-kill a pod that was only being resized."""
+    if resident is not None and resident > memory_mb * _MIB:
+        raise CgroupError(
+            errno.EBUSY,
+            f"cannot lower {path} to {memory_mb} MiB: the group holds {resident / _MIB:.0f} MiB",
+        )
 
 
 def _read_int(path: Path) -> int:
@@ -252,12 +276,17 @@ class _V2Group:
 
     def usage(self) -> GroupUsage:
         cpu = _read_keyed(self.path / "cpu.stat")
+        return GroupUsage(cpu.get("usage_usec", 0) / 1e6, self._resident(), cpu.get("nr_throttled"))
+
+    def _resident(self) -> int:
         stat = _read_keyed(self.path / "memory.stat")
-        return GroupUsage(
-            cpu.get("usage_usec", 0) / 1e6,
-            stat.get("anon", 0) + stat.get("shmem", 0),
-            cpu.get("nr_throttled"),
-        )
+        return stat.get("anon", 0) + stat.get("shmem", 0)
+
+    def set_limits(self, cpu: float, memory_mb: int) -> None:
+        memory_max = self.path / "memory.max"
+        _refuse_below(self._resident(), memory_mb, memory_max)
+        _write(memory_max, str(memory_mb * _MIB))
+        _write(self.path / "cpu.max", f"{cpu_quota_us(cpu)} {CFS_PERIOD_US}")
 
     def oom_kills(self) -> int:
         return _read_keyed(self.path / "memory.events").get("oom_kill", 0)
@@ -348,14 +377,26 @@ class _V1Group:
         if self.cpuacct is None:
             raise CgroupError(errno.ENOTSUP, "no cpuacct hierarchy: CPU is not accounted here")
         cpu_ns = _read_int(self.cpuacct / "cpuacct.usage")
-        memory = None
-        if self.memory is not None:
-            stat = _read_keyed(self.memory / "memory.stat")
-            memory = stat.get("total_rss", 0) + stat.get("total_shmem", 0)
+        memory = self._resident()
         throttled = None
         with contextlib.suppress(OSError, ValueError):  # a kernel without CFS bandwidth stats
             throttled = _read_keyed(self.cpu / "cpu.stat").get("nr_throttled")
         return GroupUsage(cpu_ns / 1e9, memory, throttled)
+
+    def _resident(self) -> int | None:
+        if self.memory is None:
+            return None
+        stat = _read_keyed(self.memory / "memory.stat")
+        return stat.get("total_rss", 0) + stat.get("total_shmem", 0)
+
+    def set_limits(self, cpu: float, memory_mb: int) -> None:
+        if self.memory is not None:
+            # Checked first: with swap the kernel would page the pod out to meet the limit.
+            # Past the check it reclaims cache, and answers EBUSY when it cannot get below.
+            limit = self.memory / "memory.limit_in_bytes"
+            _refuse_below(self._resident(), memory_mb, limit)
+            _write(limit, str(memory_mb * _MIB))
+        _write(self.cpu / "cpu.cfs_quota_us", str(cpu_quota_us(cpu)))
 
     def oom_kills(self) -> int:
         if self.memory is None:
@@ -541,16 +582,14 @@ def _detect_v1(mounts: list[_Mount], own: Mapping[str, Path], name: str) -> Cgro
 
 
 def quota_cores(group_dir: Path) -> float | None:
-    """The CPU limit of a v1 or v2 group directory in cores (None when unlimited); for tests and
-    for a process that wants to read its own limit."""
+    """The CPU limit of a v1 or v2 group directory in cores (None when unlimited), parsed as a
+    pod's own process parses it (:mod:`dlrover_kfp.core.cpu_limit`)."""
     cpu_max = group_dir / "cpu.max"
     if cpu_max.exists():
-        quota, _, period = cpu_max.read_text().partition(" ")
-        return None if quota == "max" else int(quota) / int(period)
-    quota_us = _read_int(group_dir / "cpu.cfs_quota_us")
-    if quota_us < 0:
-        return None
-    return quota_us / _read_int(group_dir / "cpu.cfs_period_us")
+        return cores_from_cpu_max(cpu_max.read_text())
+    return cores_from_cfs(
+        (group_dir / "cpu.cfs_quota_us").read_text(), (group_dir / "cpu.cfs_period_us").read_text()
+    )
 
 
 __all__ = [

@@ -7,6 +7,8 @@ exactly what a run would send, and the status rules are tested as functions:
   equal to limits, ``restartPolicy: Never``, the job's env values only as ``secretKeyRef``\\ s;
 * :func:`render_lease` / :func:`lease_record` / :class:`Holder`: the job's one-master Lease
   (``coordination.k8s.io/v1``) and who holds it, with MicroTimes in the exact wire format;
+* :func:`resize_patch` / :func:`resize_progress`: an in-place resize through the pod's
+  ``resize`` subresource (Kubernetes 1.33+), and how far the kubelet got with it;
 * :func:`pod_status`: a pod object as the API server returns it -> :class:`PodStatus`, reading
   OOMKilled and exit codes from the container's ``state`` / ``lastState``, eviction, preemption
   and node loss from ``status.reason`` and the ``DisruptionTarget`` condition, and why a pod
@@ -30,6 +32,7 @@ from typing import Any
 
 from dlrover_kfp.backends.api import last_error_line
 from dlrover_kfp.core.profile import Role
+from dlrover_kfp.core.quantity import quantity_cores, quantity_mebibytes
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.ports import PodPhase, PodReason, PodSpec, PodStatus
 
@@ -197,6 +200,23 @@ def cpu_quantity(cores: float) -> str:
 
 def memory_quantity(mb: int) -> str:
     return f"{mb}Mi"
+
+
+def pod_resources(spec: PodSpec) -> dict[str, Any]:
+    """A container's ``resources``: requests equal to limits, the Guaranteed class, so that
+    the planner's CPU is the pod's and a busy node evicts this pod last. An in-place resize
+    sends the same (Kubernetes refuses a resize that would change the QoS class)."""
+    amounts = {"cpu": cpu_quantity(spec.cpu), "memory": memory_quantity(spec.memory_mb)}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+#: Both resources resize without a restart (Kubernetes' default, spelled out: 1.33 forbids a
+#: memory decrease under it, 1.34+ allows one, the kubelet refusing it below current usage).
+#: The policy cannot be changed on a running pod, so it is set at launch.
+RESIZE_POLICY = (
+    {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+    {"resourceName": "memory", "restartPolicy": "NotRequired"},
+)
 
 
 def env_key(name: str, version: int = 0) -> str:
@@ -377,12 +397,15 @@ def render_pod(
         {"name": k, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": secret_keys[k]}}}
         for k in sorted(spec.env)
     ]
-    resources = {"cpu": cpu_quantity(spec.cpu), "memory": memory_quantity(spec.memory_mb)}
+    resources = pod_resources(spec)
     mounts: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
     if spec.role == "ps":
         volumes.append(
-            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": resources["memory"]}}
+            {
+                "name": "shm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": resources["limits"]["memory"]},
+            }
         )
         mounts.append({"name": "shm", "mountPath": SHM_PATH})
     if volume is not None:
@@ -394,9 +417,8 @@ def render_pod(
         "imagePullPolicy": image_pull_policy,
         "command": list(spec.command),
         "env": env,
-        # Requests equal limits: the Guaranteed class, so that the planner's CPU is the pod's
-        # and a busy node evicts this pod last.
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "resources": resources,
+        "resizePolicy": [dict(p) for p in RESIZE_POLICY],
         # The kubelet puts the tail of a failed container's log in its terminated state's
         # message: the job master reads the cause (an exception line) without the logs API.
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -495,6 +517,64 @@ def _unschedulable(status: Mapping[str, Any]) -> str | None:
         ):
             return str(cond.get("message") or "Unschedulable")
     return None
+
+
+def resize_patch(spec: PodSpec) -> dict[str, Any]:
+    """The strategic merge patch of the ``resize`` subresource that gives the pod ``spec``'s
+    CPU and memory (its one container is named after its role, as :func:`render_pod` names
+    it)."""
+    return {"spec": {"containers": [{"name": spec.role, "resources": pod_resources(spec)}]}}
+
+
+@dataclass(frozen=True, slots=True)
+class ResizeProgress:
+    """How far a pod's in-place resize got: ``applied`` (the running container has the new
+    limits), ``refused`` (the kubelet will not apply them: ``PodResizePending`` ``Infeasible``,
+    or ``PodResizeInProgress`` ``Error``, such as a memory limit below current usage), or
+    ``ended`` (the pod stopped); else still ``waiting`` (not yet seen, ``Deferred``, in
+    progress). ``message`` is the condition's own."""
+
+    state: str
+    message: str = ""
+
+
+def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return cond  # type: ignore[no-any-return]
+    return None
+
+
+def resize_progress(pod: Mapping[str, Any], spec: PodSpec) -> ResizeProgress:
+    """Where the resize of ``pod`` (the object as read) to ``spec``'s resources stands.
+
+    Applied means what the runtime reports for the running container
+    (``status.containerStatuses[].resources.limits``) equals the request, with no resize
+    condition left: the kubelet drops both conditions once it has actuated the change."""
+    status = pod.get("status") or {}
+    phase = str(status.get("phase"))
+    if phase in ("Succeeded", "Failed") or (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return ResizeProgress("ended", f"the pod is {phase.lower()} or being deleted")
+    pending = _condition(status, "PodResizePending")
+    busy = _condition(status, "PodResizeInProgress")
+    for cond, refusal in ((pending, "Infeasible"), (busy, "Error")):
+        if cond is not None and cond.get("reason") == refusal:
+            return ResizeProgress("refused", f"{refusal}: {cond.get('message') or ''}".strip())
+    if pending is not None:
+        return ResizeProgress("waiting", f"{pending.get('reason')}: {pending.get('message')}")
+    container: Mapping[str, Any] = next(
+        (c for c in status.get("containerStatuses") or () if c.get("name") == spec.role), {}
+    )
+    limits = (container.get("resources") or {}).get("limits") or {}
+    cpu, memory = limits.get("cpu"), limits.get("memory")
+    applied = (
+        busy is None
+        and cpu is not None
+        and memory is not None
+        and quantity_cores(str(cpu)) == quantity_cores(cpu_quantity(spec.cpu))
+        and quantity_mebibytes(str(memory)) == spec.memory_mb
+    )
+    return ResizeProgress("applied" if applied else "waiting")
 
 
 def pod_status(

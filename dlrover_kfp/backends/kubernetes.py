@@ -18,6 +18,13 @@ The only module of the project that imports ``kubernetes`` (the official client,
   retry logged; 4xx other than 429 are raised at once with the API's own message
   (:class:`KubernetesApiError`, permanent). The client's own urllib3 retries are switched off
   so that nothing retries twice.
+* **In-place resize** (:meth:`KubernetesBackend.resize`): a strategic merge patch of the pod's
+  ``resize`` subresource (Kubernetes 1.33+; the pinned client predates it, so the call goes
+  through its ``ApiClient``), then reads of the pod until the kubelet reports the new limits
+  in ``status.containerStatuses[].resources``. What it cannot have (an older cluster's 404, a
+  422, ``PodResizePending`` ``Infeasible``, a kubelet ``Error``, the timeout) it answers with
+  ``in_place=False`` and withdraws the request, so that the pod stays as it was and the
+  caller replaces it instead.
 * **Usage** from ``metrics.k8s.io`` when the cluster serves it (metrics-server); without it
   :meth:`usage` reports nothing and says so once.
 * **Owner**: when the master runs in a pod (``POD_NAME``/``POD_UID`` from the downward API),
@@ -68,6 +75,8 @@ from dlrover_kfp.backends.k8s_objects import (
     render_lease,
     render_pod,
     render_secret,
+    resize_patch,
+    resize_progress,
     secret_keys,
     secret_name,
     selector,
@@ -78,11 +87,13 @@ from dlrover_kfp.ports import (
     BackendClosedError,
     BackendError,
     PodExistsError,
+    PodNotFoundError,
     PodPhase,
     PodReason,
     PodSpec,
     PodStatus,
     PodUsage,
+    ResizeOutcome,
 )
 
 log = logging.getLogger("dlrover_kfp.kubernetes")
@@ -195,6 +206,10 @@ def _api_message(exc: ApiException) -> str:
     return f"{exc.status} {exc.reason}"
 
 
+def _since(started: float) -> float:
+    return round(time.monotonic() - started, 3)
+
+
 def _retry_after(exc: ApiException) -> float | None:
     headers = exc.headers or {}
     value = headers.get("Retry-After") or headers.get("retry-after")
@@ -212,6 +227,15 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 
 _WATCH_ERRORS: tuple[type[BaseException], ...] = (*_CONNECTION_ERRORS, ValueError)
+
+#: What a cluster answers a ``resize`` it will not take: 404 (before 1.33 the subresource does
+#: not exist), 405, 422 (a change it forbids: a memory decrease on 1.33, a QoS class change),
+#: 403 (a Role from before resize: deploy/rbac.yaml grants ``pods/resize``). The pod is then
+#: replaced instead, as on a cluster without in-place resize.
+_RESIZE_REFUSED = frozenset({403, 404, 405, 422})
+#: Seconds between two reads of a pod being resized: the kubelet actuates a CPU change in
+#: well under a second.
+_RESIZE_POLL_S = 0.1
 
 
 class KubernetesBackend:
@@ -420,6 +444,48 @@ class KubernetesBackend:
             # The watch may have missed it (created and deleted between two lists): ask.
             if self._read_pod(name) is None:
                 self._mark_gone(name)
+
+    def resize(
+        self, name: str, cpu: float, memory_mb: int, timeout_s: float = 30.0
+    ) -> ResizeOutcome:
+        """Resize running pod ``name`` in place through its ``resize`` subresource (requests =
+        limits, as launched) and wait until the kubelet reports the new limits on the running
+        container (``in_place=True``). ``Deferred`` (the node has no room now) keeps waiting;
+        a refusal or ``timeout_s`` returns ``in_place=False`` with the cluster's words after
+        withdrawing the request. Transient API errors are retried as every call is.
+        :class:`PodNotFoundError` if the pod is not running."""
+        with self._lock:
+            self._check_lease()
+            current = self._status.get(name)
+            if current is None or current.phase is not PodPhase.RUNNING:
+                raise PodNotFoundError(f"pod {name} is not running")
+            old = self._specs[name]
+        new = dataclasses.replace(old, cpu=cpu, memory_mb=memory_mb)
+        started = time.monotonic()
+        try:
+            self._call(f"resize pod {name}", self._patch_resize, name, resize_patch(new))
+        except KubernetesApiError as exc:
+            if exc.status not in _RESIZE_REFUSED:
+                raise
+            log.warning("kubernetes: pod %s not resized in place: %s", name, exc)
+            return ResizeOutcome(in_place=False, reason=str(exc), seconds=_since(started))
+        refused = self._await_resize(name, new, started + timeout_s)
+        if refused is None:
+            with self._lock:
+                self._specs[name] = new
+            log.info(
+                "kubernetes: pod %s resized in place to cpu %g, memory %d MiB in %.2fs",
+                name,
+                cpu,
+                memory_mb,
+                _since(started),
+            )
+            return ResizeOutcome(in_place=True, seconds=_since(started))
+        if refused == "timeout":
+            refused = f"not applied within {timeout_s:g} s"
+        self._withdraw_resize(name, old)
+        log.warning("kubernetes: pod %s not resized in place: %s", name, refused)
+        return ResizeOutcome(in_place=False, reason=refused, seconds=_since(started))
 
     def statuses(self) -> list[PodStatus]:
         with self._lock:
@@ -787,6 +853,57 @@ class KubernetesBackend:
             log.warning("kubernetes: %s: %s; retry %d in %.1fs", what, problem, attempt, delay)
             self._sleep(delay)
             wait = min(policy.max_s, wait * 2)
+
+    def _patch_resize(self, name: str, body: Mapping[str, Any], **kwargs: Any) -> Any:
+        """PATCH ``pods/NAME/resize`` (strategic merge). kubernetes==30.1.0 has no
+        ``patch_namespaced_pod_resize``; this is the request it would make."""
+        return self._api.call_api(
+            "/api/v1/namespaces/{namespace}/pods/{name}/resize",
+            "PATCH",
+            {"namespace": self.namespace, "name": name},
+            [],
+            {
+                "Accept": "application/json",
+                "Content-Type": "application/strategic-merge-patch+json",
+            },
+            body=dict(body),
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
+            **kwargs,
+        )
+
+    def _await_resize(self, name: str, new: PodSpec, deadline: float) -> str | None:
+        """Read the pod until its resize is applied (None) or refused (why); ``"timeout"``
+        once ``deadline`` passes with the kubelet still waiting (``Deferred``) or silent."""
+        while True:
+            found = self._read_pod(name)
+            if found is None:
+                return "the pod is gone"
+            progress = resize_progress(json.loads(found.data), new)
+            if progress.state == "applied":
+                return None
+            if progress.state != "waiting":
+                return progress.message
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout"
+            self._sleep(min(_RESIZE_POLL_S, left))
+
+    def _withdraw_resize(self, name: str, old: PodSpec) -> None:
+        """Ask for the pod's old resources again, so that a refused or late resize does not
+        change it after the caller has moved on (an ``Infeasible`` one stays pending for ever
+        otherwise). Best effort: the pod may be gone."""
+        try:
+            self._call(
+                f"withdraw resize of pod {name}",
+                self._patch_resize,
+                name,
+                resize_patch(old),
+                ok_missing=True,
+            )
+        except BackendError as exc:
+            log.warning("kubernetes: pod %s: resize not withdrawn: %s", name, exc)
 
     def _ensure_secret(self, env: Mapping[str, str]) -> dict[str, str]:
         """The Secret keys of ``env``'s values, writing the Secret (or new keys) as needed."""

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import errno
 import json
 import logging
@@ -87,6 +88,7 @@ from dlrover_kfp.ports import (
     PodSpec,
     PodStatus,
     PodUsage,
+    ResizeOutcome,
     SystemClock,
     WallClock,
 )
@@ -393,6 +395,41 @@ class LocalBackend:
             pod.deleted = True
         self._stop_pods([pod], grace_s)
 
+    def resize(
+        self, name: str, cpu: float, memory_mb: int, timeout_s: float = 30.0
+    ) -> ResizeOutcome:
+        """Give running pod ``name`` new limits in place: its group's CFS quota and memory
+        limit are rewritten (the same pid, nothing restarted), and from then on
+        :meth:`usage` reports the new requests and the memory watchdog holds it to the new
+        limit. Without cgroups nothing enforces CPU: only the record changes, and the outcome
+        is still ``in_place=True``, since no process had to change.
+
+        A memory limit below what the pod holds now is refused (``in_place=False``, the
+        reason naming the limit file or the watchdog), the pod unchanged: the kernel or the
+        watchdog would otherwise OOM-kill it, and a kubelet refuses the same. ``timeout_s`` is
+        the port's; a local change takes no time to apply. :class:`PodNotFoundError` if no
+        pod of that name is running; a bad ``cpu``/``memory_mb`` is a
+        :class:`~dlrover_kfp.errors.UserInputError`."""
+        started = time.monotonic()
+        with self._lock:
+            pod = self._pods.get(name)
+            if pod is not None:
+                self._poll(pod)
+            if pod is None or not pod.running:
+                raise PodNotFoundError(f"pod {name} is not running")
+            resized = dataclasses.replace(pod.spec, cpu=cpu, memory_mb=memory_mb)
+            refused = self._apply_limits(pod, cpu, memory_mb)
+            if refused is None:
+                pod.spec = resized
+        seconds = time.monotonic() - started
+        if refused is not None:
+            logger.warning(
+                "pod %s: resize to cpu=%g memory_mb=%d refused: %s", name, cpu, memory_mb, refused
+            )
+            return ResizeOutcome(in_place=False, reason=refused, seconds=seconds)
+        logger.info("pod %s resized in place: cpu=%g memory_mb=%d", name, cpu, memory_mb)
+        return ResizeOutcome(in_place=True, seconds=seconds)
+
     def statuses(self) -> list[PodStatus]:
         with self._lock:
             for pod in self._pods.values():
@@ -554,6 +591,24 @@ class LocalBackend:
                 errno.ENOENT, "no such executable (or not executable)", pod.command[0]
             )
         return cg.wrap_command(pod.command, group)
+
+    def _apply_limits(self, pod: _Pod, cpu: float, memory_mb: int) -> str | None:
+        """Put a running pod under new limits; why not, or None once done. With a group the
+        kernel enforces them; without one only the watchdog's memory limit exists, and it is
+        checked against the pod's resident memory as the kernel's would be."""
+        if pod.group is not None:
+            try:
+                pod.group.set_limits(cpu, memory_mb)
+            except cg.CgroupError as exc:
+                return str(exc.strerror or exc)  # the message, without "[Errno 16]"
+            return None
+        sample = _sample(pod)
+        if sample is not None and sample[1] > memory_mb * _MIB:
+            return (
+                f"cannot lower the memory limit to {memory_mb} MiB: the pod holds"
+                f" {sample[1] / _MIB:.0f} MiB (the watchdog would kill it)"
+            )
+        return None
 
     def _register(self, pod: _Pod) -> None:
         """Record a launch, replacing a finished pod of the same name. Popping first moves the

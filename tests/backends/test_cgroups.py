@@ -17,6 +17,7 @@ the control more than the limit (on two cores, anything short of three other bus
 
 from __future__ import annotations
 
+import errno
 import logging
 import subprocess
 import sys
@@ -155,6 +156,42 @@ def test_v2_layout_sets_cpu_max_memory_max_and_enables_the_controllers(tmp_path:
         cpu_seconds=2.5, memory_bytes=3 << 20, throttled_periods=12
     )
     assert group.oom_kills() == 1
+
+
+def test_set_limits_rewrites_a_running_group_and_refuses_less_memory_than_it_holds(
+    tmp_path: Path,
+) -> None:
+    """Both versions: the quota and the limit rewritten in place; a memory limit below the
+    group's resident memory refused (EBUSY) naming the file, every file as it was."""
+    for d in ("cpu", "cpuacct", "memory/job/abc", "unified"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "unified" / "cgroup.controllers").write_text("\n")
+    v1 = cg.detect(mountinfo=MOUNTINFO_V1.format(root=tmp_path), proc_cgroup=PROC_CGROUP_V1)
+    own = tmp_path / "v2" / "user.slice" / "me"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpu memory\n")
+    v2 = cg.detect(mountinfo=MOUNTINFO_V2.format(root=tmp_path / "v2"), proc_cgroup=PROC_CGROUP_V2)
+    assert isinstance(v1, cg.CgroupV1) and isinstance(v2, cg.CgroupV2), (v1, v2)
+    g1, g2 = v1.create("job-worker-0", 1.0, 300), v2.create("job-worker-0", 1.0, 300)
+    assert isinstance(g1, cg._V1Group) and isinstance(g2, cg._V2Group)
+    assert g1.memory is not None
+    (g1.memory / "memory.stat").write_text("total_rss 104857600\ntotal_shmem 52428800\n")
+    (g2.path / "memory.stat").write_text("anon 104857600\nshmem 52428800\nfile 999\n")
+    files = {
+        "v1": (g1.cpu / "cpu.cfs_quota_us", g1.memory / "memory.limit_in_bytes", g1),
+        "v2": (g2.path / "cpu.max", g2.path / "memory.max", g2),
+    }
+    for version, (quota, limit, group) in files.items():
+        group.set_limits(0.25, 200)
+        assert (cg.quota_cores(quota.parent), limit.read_text()) == (0.25, str(200 << 20))
+
+        before = (quota.read_text(), limit.read_text())
+        with pytest.raises(cg.CgroupError) as refused:
+            group.set_limits(2.0, 100)  # it holds 150 MiB
+
+        assert refused.value.errno == errno.EBUSY, version
+        assert str(limit) in str(refused.value) and "holds 150 MiB" in str(refused.value)
+        assert (quota.read_text(), limit.read_text()) == before, version
 
 
 def test_no_usable_hierarchy_is_a_reason_not_an_error(tmp_path: Path) -> None:

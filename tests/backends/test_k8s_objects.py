@@ -20,6 +20,8 @@ from dlrover_kfp.backends.k8s_objects import (
     redacted,
     render_pod,
     render_secret,
+    resize_patch,
+    resize_progress,
     secret_keys,
 )
 from dlrover_kfp.cli.main import main as cli_main
@@ -71,6 +73,68 @@ def test_a_pod_is_guaranteed_never_restarted_and_labelled() -> None:
     env = {e["name"]: e for e in container["env"]}
     assert env["DLROVER_KFP_POD_CPU"]["value"] == "0.25"
     assert env["DLROVER_KFP_POD_MEMORY_MB"]["value"] == "1536"
+
+
+def test_both_resources_resize_without_a_restart_and_the_patch_keeps_the_class() -> None:
+    container = pod(spec("worker"))["spec"]["containers"][0]
+    assert container["resizePolicy"] == [
+        {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+        {"resourceName": "memory", "restartPolicy": "NotRequired"},
+    ]
+    bigger = PodSpec(**{**_fields(spec("worker")), "cpu": 1.5, "memory_mb": 2048})
+    (patched,) = resize_patch(bigger)["spec"]["containers"]
+    assert patched["name"] == container["name"] == "worker"
+    amounts = {"cpu": "1500m", "memory": "2048Mi"}
+    assert patched["resources"] == {"requests": amounts, "limits": amounts}
+
+
+def _fields(s: PodSpec) -> dict[str, Any]:
+    return {f: getattr(s, f) for f in s.__slots__}
+
+
+def _resizing(conditions: list[dict[str, Any]], limits: dict[str, str]) -> dict[str, Any]:
+    return {
+        "status": {
+            "phase": "Running",
+            "conditions": [{"status": "True", **c} for c in conditions],
+            "containerStatuses": [{"name": "worker", "resources": {"limits": limits}}],
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("conditions", "limits", "state", "message"),
+    [
+        ([], {"cpu": "250m", "memory": "1536Mi"}, "waiting", ""),  # not seen yet
+        ([], {"cpu": "1500m", "memory": "1Gi"}, "waiting", ""),  # memory not yet
+        ([], {"cpu": "1.5", "memory": "1536Mi"}, "applied", ""),
+        ([{"type": "PodResizeInProgress"}], {"cpu": "1500m", "memory": "1536Mi"}, "waiting", ""),
+        (
+            [{"type": "PodResizePending", "reason": "Deferred", "message": "no room"}],
+            {"cpu": "250m", "memory": "1536Mi"},
+            "waiting",
+            "Deferred: no room",
+        ),
+        (
+            [{"type": "PodResizePending", "reason": "Infeasible", "message": "too big"}],
+            {"cpu": "250m", "memory": "1536Mi"},
+            "refused",
+            "Infeasible: too big",
+        ),
+        (
+            [{"type": "PodResizeInProgress", "reason": "Error", "message": "below usage"}],
+            {"cpu": "250m", "memory": "1536Mi"},
+            "refused",
+            "Error: below usage",
+        ),
+    ],
+)
+def test_resize_progress_reads_the_kubelets_conditions_and_the_actual_resources(
+    conditions: list[dict[str, Any]], limits: dict[str, str], state: str, message: str
+) -> None:
+    target = PodSpec(**{**_fields(spec("worker")), "cpu": 1.5})
+    progress = resize_progress(_resizing(conditions, limits), target)
+    assert (progress.state, progress.message) == (state, message)
 
 
 def test_env_values_are_only_secret_references() -> None:

@@ -45,12 +45,14 @@ from dlrover_kfp.backends.kubernetes import (
 from dlrover_kfp.errors import UserInputError
 from tests.backends.test_local_backend import (
     GROW_400_MB,
+    HOLD_150_MB,
     SECRET,
     SLEEP_FOREVER,
     ClusterBackendContract,
     running,
     terminal,
     wait_for,
+    wait_holding,
 )
 from tests.fakes.kube_apiserver import FakeApiServer
 from tests.fakes.kubelet import FakeKubelet
@@ -161,6 +163,108 @@ def test_on_two_nodes_a_pod_that_fits_none_says_why_and_a_lost_node_fails_only_i
         statuses["test-worker-2"].message
         == f"0/2 nodes are available: 1 Insufficient cpu, 1 {UNREACHABLE}."
     )
+
+
+def _resources(api: FakeApiServer, name: str) -> tuple[dict[str, Any], list[str]]:
+    """The pod's desired limits and its resize conditions, as stored."""
+    pod = api.get_object("pods", NAMESPACE, name)
+    assert pod is not None
+    conditions = [
+        c["type"]
+        for c in pod["status"].get("conditions") or []
+        if c["type"].startswith("PodResize")
+    ]
+    return pod["spec"]["containers"][0]["resources"]["limits"], conditions
+
+
+def _settled(api: FakeApiServer, name: str, limits: dict[str, str]) -> None:
+    """Wait until the pod's desired limits are ``limits`` and no resize condition is left."""
+    deadline = time.monotonic() + 5
+    while _resources(api, name) != (limits, []):
+        assert time.monotonic() < deadline, _resources(api, name)
+        time.sleep(0.05)
+
+
+def test_a_cluster_without_the_resize_subresource_refuses_and_the_pod_runs_on(
+    api: FakeApiServer, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """Kubernetes before 1.33 answers 404: in_place=False with the API's words, nothing
+    changed, so that the caller replaces the pod."""
+    api.serve_resize = False
+    with make_backend(api, tmp_path) as b:
+        b.launch(quick("test-worker-0", SLEEP_FOREVER))
+        wait_for(b, "test-worker-0", running, 20)
+        pid = kubelet.pid_of("test-worker-0")
+
+        outcome = b.resize("test-worker-0", 1.0, 256)
+
+        assert not outcome.in_place
+        assert "404" in outcome.reason, outcome.reason
+        assert _resources(api, "test-worker-0") == ({"cpu": "500m", "memory": "256Mi"}, [])
+        assert kubelet.pid_of("test-worker-0") == pid
+        assert wait_for(b, "test-worker-0", running, 0)
+
+
+def test_an_infeasible_resize_is_refused_and_a_deferred_one_waits_for_room(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """On a node of 2 cores: 3 cores can never fit (PodResizePending Infeasible: refused at
+    once); 1.75 cores fit the node but not beside another pod's 0.75 (Deferred: waited for,
+    until the timeout, when the request is withdrawn and the pod runs on as it was; or until
+    the other pod goes, when it is applied)."""
+    with (
+        FakeScheduler(api, [Node("node-a", cpu="2")], log_dir=tmp_path / "nodes") as cluster,
+        make_backend(api, tmp_path) as b,
+    ):
+        b.launch(dataclasses.replace(quick("test-worker-0", SLEEP_FOREVER), cpu=1.0))
+        b.launch(dataclasses.replace(quick("test-worker-1", SLEEP_FOREVER, index=1), cpu=0.75))
+        wait_for(b, "test-worker-0", running, 20)
+        wait_for(b, "test-worker-1", running, 20)
+        kubelet = cluster.kubelets["node-a"]
+        pid = kubelet.pid_of("test-worker-0")
+        asked = {"cpu": "1", "memory": "256Mi"}
+
+        infeasible = b.resize("test-worker-0", 3.0, 256, timeout_s=10)
+        _settled(api, "test-worker-0", asked)
+        deferred = b.resize("test-worker-0", 1.75, 256, timeout_s=1.0)
+        _settled(api, "test-worker-0", asked)
+
+        assert not infeasible.in_place and infeasible.seconds < 5, infeasible
+        assert infeasible.reason.startswith("Infeasible: Node didn't have enough capacity: cpu")
+        assert not deferred.in_place and deferred.seconds >= 1.0, deferred
+        assert deferred.reason == "not applied within 1 s"
+        assert kubelet.pid_of("test-worker-0") == pid
+        assert wait_for(b, "test-worker-0", running, 0)
+        (usage,) = [u for u in b.usage() if u.name == "test-worker-0"] or [None]
+        assert usage is None or usage.cpu_requested == 1.0
+
+        room = threading.Timer(0.5, b.delete, ("test-worker-1",), {"grace_s": 0.5})
+        room.start()
+        waited = b.resize("test-worker-0", 1.75, 256, timeout_s=10)
+        room.join()
+        assert waited.in_place and waited.seconds >= 0.5, waited
+        assert kubelet.pid_of("test-worker-0") == pid
+        _settled(api, "test-worker-0", {"cpu": "1750m", "memory": "256Mi"})
+
+
+def test_a_memory_decrease_below_use_is_refused_by_the_kubelet(
+    api: FakeApiServer, kubelet: FakeKubelet, tmp_path: Path
+) -> None:
+    """Allowed by the API (1.34+, resizePolicy NotRequired); the kubelet will not lower a
+    limit below what the container holds (PodResizeInProgress Error), the pod unchanged."""
+    with make_backend(api, tmp_path) as b:
+        b.launch(quick("test-worker-0", HOLD_150_MB, memory_mb=300))
+        wait_for(b, "test-worker-0", running, 20)
+        wait_holding(b, "test-worker-0", 140, 10)
+        pid = kubelet.pid_of("test-worker-0")
+
+        outcome = b.resize("test-worker-0", 0.5, 100, timeout_s=10)
+        _settled(api, "test-worker-0", {"cpu": "500m", "memory": "300Mi"})
+
+        assert not outcome.in_place
+        assert outcome.reason.startswith("Error: cannot lower"), outcome.reason
+        assert kubelet.pid_of("test-worker-0") == pid
+        assert wait_for(b, "test-worker-0", running, 0)
 
 
 def test_a_pod_deleted_by_someone_else_reads_deleted(
@@ -346,7 +450,7 @@ def test_the_role_grants_exactly_the_calls_the_backend_makes(
     api: FakeApiServer, kubelet: FakeKubelet, tmp_path: Path
 ) -> None:
     """Every operation of the backend once: launch (Secret made, then a new value updates it),
-    watch, usage, delete, relaunch of a finished pod, close."""
+    watch, resize, usage, delete, relaunch of a finished pod, close."""
     # A short lease, so that its renewals (get + update) happen within the test.
     with make_backend(api, tmp_path, lease_duration_s=3, lease_renew_s=0.3) as b:
         b.launch(quick("test-worker-0", SLEEP_FOREVER))
@@ -363,6 +467,7 @@ def test_the_role_grants_exactly_the_calls_the_backend_makes(
         )
         wait_for(b, "test-worker-0", running, 20)
         wait_for(b, "test-ps-0", terminal, 20)
+        assert b.resize("test-worker-0", 0.25, 256).in_place
         deadline = time.monotonic() + 10
         while not b.usage() and time.monotonic() < deadline:
             time.sleep(0.2)

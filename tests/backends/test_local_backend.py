@@ -45,6 +45,7 @@ from dlrover_kfp.backends import (
     PodPhase,
     PodSpec,
     PodStatus,
+    PodUsage,
 )
 from dlrover_kfp.backends.local import (
     MIN_USAGE_WINDOW_S,
@@ -73,6 +74,14 @@ GROW_400_MB = (
     "    chunks.append(b'x' * (20 << 20))\n"
     "    time.sleep(0.02)\n"
     "time.sleep(30)\n"
+)
+# Appends its pid to argv[3] (a restarted pod would add a second line), then spins.
+BUSY_PID = (
+    "import os, sys\n"
+    "with open(sys.argv[3], 'a') as f:\n"
+    "    f.write(f'{os.getpid()}\\n')\n"
+    "while True:\n"
+    "    pass\n"
 )
 # Where a pod's shared memory is, as the trainer's flash checkpoint finds it
 # (training/checkpoint/shm.py default_shm_dir; importing it would cost every pod 0.3 s).
@@ -118,6 +127,34 @@ def wait_gone(path: Path, timeout_s: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{path} still there after {timeout_s}s: {list(path.iterdir())}")
         time.sleep(0.02)
+
+
+def usage_after(backend: ClusterBackend, name: str, seconds: float) -> PodUsage:
+    """The pod's usage over the ``seconds`` from now (a cluster reports it from its own last
+    sampling window: ``seconds`` must span two of them)."""
+    backend.usage()
+    time.sleep(seconds)
+    deadline = time.monotonic() + 5.0
+    while True:
+        found = next((u for u in backend.usage() if u.name == name), None)
+        if found is not None:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no usage of {name}")
+        time.sleep(0.1)
+
+
+# Holds 150 MiB, resident, then sleeps.
+HOLD_150_MB = "import time\nx = b'x' * (150 << 20)\ntime.sleep(60)\n"
+
+
+def wait_holding(backend: ClusterBackend, name: str, mb: float, timeout_s: float) -> None:
+    """Wait until the pod's usage shows ``mb`` MiB resident (the kernel's accounting, like
+    metrics-server's, lags an allocation a little)."""
+    deadline = time.monotonic() + timeout_s
+    while not any(u.name == name and u.memory_mb >= mb for u in backend.usage()):
+        assert time.monotonic() < deadline, f"{name} never held {mb} MiB: {backend.usage()}"
+        time.sleep(0.1)
 
 
 def terminal(status: PodStatus) -> bool:
@@ -320,6 +357,38 @@ class ClusterBackendContract:
         assert (busy.cpu_requested, busy.memory_requested_mb) == (2.0, 300)
         backend.delete("ctr-worker-0", grace_s=1.0)
         assert backend.usage() == []
+
+    def test_resize_changes_a_running_pods_cpu_in_place(
+        self, backend: ClusterBackend, pod: Callable[..., PodSpec], shared_dir: Path
+    ) -> None:
+        """The same process goes on under the new quota: one pid, the new request in usage(),
+        and, where CPU is enforced, its use held below the new quota though it spun freely
+        before (compared with its own use, measured here: the machine may be loaded)."""
+        pids = shared_dir / "pids"
+        backend.launch(pod("ctr-worker-0", BUSY_PID, extra_args=(str(pids),), cpu=1.0))
+        wait_file(pids, self.start_timeout_s)
+        started = wait_for(backend, "ctr-worker-0", running, self.start_timeout_s).started_at
+        before = usage_after(backend, "ctr-worker-0", 1.2)
+
+        outcome = backend.resize("ctr-worker-0", 0.1, 256, timeout_s=self.start_timeout_s)
+        after = usage_after(backend, "ctr-worker-0", 1.2)
+
+        assert outcome.in_place, outcome.reason
+        assert 0 <= outcome.seconds < self.start_timeout_s
+        cores = f"{before.cpu_cores:.2f} -> {after.cpu_cores:.2f}"
+        print(f"in place in {outcome.seconds:.3f} s; cores {cores}")
+        assert len(pids.read_text().split()) == 1  # never restarted
+        assert wait_for(backend, "ctr-worker-0", running, 0).started_at == started
+        assert (before.cpu_requested, after.cpu_requested) == (1.0, 0.1)
+        assert after.memory_requested_mb == 256
+        if backend.cpu_enforced:
+            assert after.cpu_cores <= 0.1 * 1.3 + 0.02, (before, after)
+            assert before.cpu_cores >= 1.5 * after.cpu_cores, (before, after)
+        backend.delete("ctr-worker-0", grace_s=1.0)
+        with pytest.raises(PodNotFoundError):
+            backend.resize("ctr-worker-0", 0.5, 256)
+        with pytest.raises(PodNotFoundError):
+            backend.resize("never-launched", 0.5, 256)
 
     def test_env_and_resources_reach_the_pod(
         self, backend: ClusterBackend, pod: Callable[..., PodSpec], shared_dir: Path
@@ -687,6 +756,26 @@ class TestLocalBackend(ClusterBackendContract):
         assert backend.usage() == []
         time.sleep(MIN_USAGE_WINDOW_S + 0.1)
         assert [u.name for u in backend.usage()] == ["ctr-worker-0"]
+
+    def test_a_memory_limit_below_what_the_pod_holds_is_refused_and_the_pod_runs_on(
+        self, backend: LocalBackend, pod: Callable[..., PodSpec]
+    ) -> None:
+        """The kernel would OOM-kill it (the watchdog too, without cgroups); a kubelet refuses
+        the same. The reason names the limit file or the watchdog; nothing changed."""
+        backend.launch(pod("mem-0", HOLD_150_MB, memory_mb=300))
+        wait_holding(backend, "mem-0", 140, 10)
+        pid = backend.pid_of("mem-0")
+
+        outcome = backend.resize("mem-0", 1.0, 100)
+
+        assert not outcome.in_place
+        where = "memory.limit_in_bytes" if self.cgroups == "auto" else "watchdog"
+        assert outcome.reason.startswith("cannot lower") and where in outcome.reason, outcome
+        time.sleep(0.5)  # a watchdog tick: it would kill a pod now over its limit
+        assert wait_for(backend, "mem-0", running, 0) and backend.pid_of("mem-0") == pid
+        (used,) = backend.usage() or [None]
+        assert used is None or used.memory_requested_mb == 300
+        assert backend.resize("mem-0", 0.5, 400).in_place  # an increase is taken
 
     def test_secrets_stay_out_of_log_file_logging_and_repr(
         self,

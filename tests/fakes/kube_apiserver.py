@@ -6,7 +6,9 @@ pods`` / ``kubectl describe pod`` read them. It serves exactly what those make, 
 
 * ``pods``: create, get, list and watch (by label selector, in a namespace or all of them),
   delete (grace period, uid and resourceVersion preconditions); ``pods/status`` get, update and
-  patch (strategic merge) and ``pods/binding`` create: what the kubelet writes;
+  patch (strategic merge) and ``pods/binding`` create: what the kubelet writes; ``pods/resize``
+  patch (strategic merge; Kubernetes 1.33+ in-place resize), absent while ``serve_resize`` is
+  False, as on an older cluster;
 * ``secrets``: create, get, update, delete;
 * ``coordination.k8s.io/v1`` ``leases``: create, get, update, delete;
 * ``metrics.k8s.io/v1beta1`` pods: list by label selector (absent while ``serve_metrics`` is
@@ -73,8 +75,8 @@ Json = dict[str, Any]
 KUBELET_HEADER = "X-Fake-Kubelet"
 SERVER_VERSION = {
     "major": "1",
-    "minor": "32",
-    "gitVersion": "v1.32.0-fake",
+    "minor": "34",
+    "gitVersion": "v1.34.0-fake",
     "gitCommit": "0000000000000000000000000000000000000000",
     "gitTreeState": "clean",
     "buildDate": "2024-12-11T00:00:00Z",
@@ -311,11 +313,12 @@ def labels_match(reqs: list[Requirement], labels: Mapping[str, str] | None) -> b
 
 
 # --------------------------------------------------------------------------------------------
-# Strategic merge patch (of pods/status, the one patch served)
+# Strategic merge patch (of pods/status and pods/resize, the patches served)
 
 #: The lists a strategic merge patch merges element by element, by their ``patchMergeKey``. In a
-#: pod's status only ``conditions`` has one; ``containerStatuses`` is replaced whole.
-_MERGE_KEYS = {"conditions": "type"}
+#: pod's status only ``conditions`` has one (``containerStatuses`` is replaced whole); in its
+#: spec, ``containers`` (by name: what a resize patches).
+_MERGE_KEYS = {"conditions": "type", "containers": "name"}
 
 
 def strategic_merge_patch(target: Any, patch: Any) -> Any:
@@ -456,6 +459,10 @@ class Cause:
         return Cause(path, "FieldValueDuplicate", f"Duplicate value: {json.dumps(value)}")
 
     @staticmethod
+    def forbidden(path: str, why: str) -> Cause:
+        return Cause(path, "FieldValueForbidden", f"Forbidden: {why}")
+
+    @staticmethod
     def unsupported(path: str, value: Any, allowed: tuple[str, ...]) -> Cause:
         options = ", ".join(json.dumps(a) for a in allowed)
         return Cause(
@@ -531,6 +538,7 @@ RESOURCES: dict[str, Resource] = {
             subresources={
                 "status": ("Pod", ("get", "patch", "update")),
                 "binding": ("Binding", ("create",)),
+                "resize": ("Pod", ("patch",)),
             },
         ),
         # the backend writes the job's Secret; the kubelet reads it for secretKeyRefs
@@ -849,6 +857,32 @@ def _validate_container(container: Any, path: str, names: set[str]) -> list[Caus
                     " digits, '_', '-', or '.', and must not start with a digit",
                 )
             )
+    return causes
+
+
+def _without_resources(pod: Json) -> Json:
+    """The pod with its containers' cpu and memory taken out: what a resize may not change."""
+    rest = copy.deepcopy(pod)
+    for container in (rest.get("spec") or {}).get("containers") or []:
+        for values in (container.get("resources") or {}).values():
+            if isinstance(values, dict):
+                values.pop("cpu", None)
+                values.pop("memory", None)
+    return rest
+
+
+def _resize_causes(old: Json, new: Json) -> list[Cause]:
+    """Why a resize to ``new`` is invalid (the real server's ValidatePodResize, as far as a
+    single-container Guaranteed pod meets it)."""
+    if _without_resources(old) != _without_resources(new):
+        return [Cause.forbidden("spec", "only cpu and memory resources are mutable")]
+    causes = []
+    for i, container in enumerate(new["spec"].get("containers") or []):
+        causes += _resources_causes(container.get("resources") or {}, f"spec.containers[{i}]")
+    if not causes and qos_class(new) != qos_class(old):
+        causes.append(
+            Cause.forbidden("spec", "Pod QOS Class may not change as a result of resizing")
+        )
     return causes
 
 
@@ -1179,6 +1213,8 @@ class FakeApiServer:
         self.kubelet_nodes: set[str] = set()
         #: When False, ``metrics.k8s.io`` is absent: 404 on its paths, not in ``/apis``.
         self.serve_metrics = True
+        #: When False, ``pods/resize`` is 404, as on a cluster older than 1.33.
+        self.serve_resize = True
         #: Seconds between BOOKMARK events on watches that allow them.
         self.bookmark_interval_s = 5.0
         self._lock = threading.RLock()
@@ -1599,6 +1635,29 @@ class FakeApiServer:
             meta["resourceVersion"] = patch_rv or old["metadata"]["resourceVersion"]
             return self._update(res, namespace, name, patched, "status")
 
+    def _resize(self, namespace: str, name: str, content_type: str, patch: Any) -> Json:
+        """A strategic merge patch of ``pods/NAME/resize``: the desired resources of the
+        pod's containers change, nothing else may (422), the QoS class neither (422); the
+        kubelet then actuates it and reports it in the status. As on 1.34+, a memory limit
+        may go down (resizePolicy ``NotRequired``): the kubelet checks it against usage."""
+        res = RESOURCES["pods"]
+        if content_type != "application/strategic-merge-patch+json":
+            raise ApiError(415, "UnsupportedMediaType", f'unsupported patch "{content_type}"')
+        with self._lock:
+            old = self._get_stored(res, namespace, name)
+            patched = strategic_merge_patch(old, patch)
+            if not isinstance(patched, dict):
+                raise ApiError(400, "BadRequest", "the patched object is not an object")
+            _decode_quantities(patched)
+            causes = _resize_causes(old, patched)
+            if causes:
+                raise invalid(res.kind, name, causes)
+            if patched == old:
+                return copy.deepcopy(old)
+            return copy.deepcopy(
+                self._commit(res.name, (namespace, name), patched, "MODIFIED", old)
+            )
+
     def _delete(self, res: Resource, namespace: str, name: str, options: Json) -> Json:
         """Delete one object, or mark it for deletion with its grace period (:meth:`_grace`):
         the kubelet stops it, then removes it. Returns the object as the real server does."""
@@ -1945,6 +2004,8 @@ class _Handler(BaseHTTPRequestHandler):
         res = resource_for(info.group, info.version, info.resource)
         if res is None or (info.subresource and info.subresource not in res.subresources):
             raise ApiError(404, "NotFound", NOT_FOUND, {})
+        if info.subresource == "resize" and not self.api.serve_resize:
+            raise ApiError(404, "NotFound", NOT_FOUND, {})
         if not info.namespace and (info.name or info.verb not in ("list", "watch")):
             raise ApiError(404, "NotFound", NOT_FOUND)
         if info.verb not in res.verbs_of(info.subresource):
@@ -1980,6 +2041,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif info.verb == "update":
             obj = api._update(res, namespace, name, self._json_body(body), info.subresource)
             self._send_json(200, obj)
+        elif info.verb == "patch" and info.subresource == "resize":
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            self._send_json(200, api._resize(namespace, name, content_type, self._json_body(body)))
         elif info.verb == "patch":
             content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             self._send_json(

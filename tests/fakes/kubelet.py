@@ -11,7 +11,14 @@ carry; a missing Secret or key keeps the pod Pending in ``CreateContainerConfigE
 appears), runs its command through :class:`dlrover_kfp.backends.LocalBackend` (which enforces
 the CPU limit with cgroups where it can and the memory limit, OOMKilled with 137), and writes
 the pod's status through ``pods/NAME/status`` as a kubelet does (phase, IPs, conditions,
-``containerStatuses`` with running/terminated states). A pod marked for deletion is stopped with
+``containerStatuses`` with running/terminated states and the running container's
+``resources`` / ``allocatedResources``). A change of a running pod's desired resources (the
+API server's ``pods/NAME/resize``) is actuated in place: ``PodResizePending`` ``Infeasible``
+when it exceeds the node's ``allocatable``, ``Deferred`` while the node's other pods leave no
+room for it (tried again on every pass), else ``PodResizeInProgress`` while
+:meth:`LocalBackend.resize` rewrites the process's cgroup quota, then the new resources in the
+status and no condition; ``PodResizeInProgress`` ``Error`` when the backend refuses (a memory
+limit below what the pod holds), until a new request. A pod marked for deletion is stopped with
 its grace period, its terminated state written, and then removed with a grace-0 DELETE. Usage
 goes to the server's metrics API every ``metrics_interval_s``.
 
@@ -76,12 +83,14 @@ from tests.fakes.kube_apiserver import (
     KUBELET_HEADER,
     FakeApiServer,
     Json,
+    format_quantity,
     parse_quantity,
     rfc3339,
 )
 
 _MIB = 1024 * 1024
 _KUBELET_CONDITIONS = ("PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready")
+_RESIZE_CONDITIONS = ("PodResizePending", "PodResizeInProgress")
 _POLL_S = 0.05
 #: How long a pod waiting for its Secret waits before the kubelet looks again.
 _CONFIG_RETRY_S = 0.5
@@ -125,6 +134,10 @@ class _Pod:
     pod_message: str | None = None
     failed: bool = False  # a pod-level failure (evicted) whatever the exit code
     extra_conditions: list[Json] = field(default_factory=list)
+    # (cpu cores, memory MiB) the running process has; a desired change its kubelet refused
+    applied: tuple[Fraction, int] | None = None
+    refused: tuple[Fraction, int] | None = None
+    resize_condition: Json | None = None  # PodResizePending / PodResizeInProgress, if any
     retry_at: float = 0.0
     write_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -152,7 +165,7 @@ class ApiClient:
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
         headers = {
-            "User-Agent": f"{self._agent} (linux/amd64) fake/v1.32.0",
+            "User-Agent": f"{self._agent} (linux/amd64) fake/v1.34.0",
             "Accept": "application/json",
             KUBELET_HEADER: self._agent,
         }
@@ -292,8 +305,12 @@ class FakeKubelet:
         metrics_interval_s: float = 0.5,
         executables: Mapping[str, str] | None = None,
         schedules: bool = True,
+        allocatable: tuple[Fraction, Fraction] | None = None,
     ) -> None:
         self.api = api
+        #: The node's (cpu cores, memory bytes) for pods, against which a resize is admitted;
+        #: None: any resize fits (a lone kubelet, whose node is this machine).
+        self.allocatable = allocatable
         self.node_name = node_name
         #: Whether it binds unscheduled pods to its node itself (a one-node cluster); else a
         #: :class:`~tests.fakes.scheduler.FakeScheduler` binds them and it runs only its own.
@@ -539,6 +556,8 @@ class FakeKubelet:
                 status = statuses.get(pod.local_name)
                 if status is not None and status.phase.terminal:
                     self._on_exit(pod, status)
+                else:
+                    self._resize(pod)
             elif pod.state == "waiting" and not pod.stopping and now >= pod.retry_at:
                 self._start(pod)
 
@@ -616,9 +635,83 @@ class FakeKubelet:
             return
         with self._lock:
             pod.state = "running"
+            pod.applied = (cpu, memory_mb)
             pod.started_at = now
             pod.container_id = f"containerd://{uuid.uuid4().hex}{uuid.uuid4().hex}"
             pod.terminated = None
+        self._write_status(pod)
+
+    # -- in-place resize -----------------------------------------------------------------------
+
+    def _resize(self, pod: _Pod) -> None:
+        """Actuate a change of a running pod's desired resources, as the kubelet's resize does:
+        admit it against the node, then apply it to the running process (its cgroup quota)."""
+        want = self._limits(pod)
+        if want in (pod.applied, pod.refused):
+            if want == pod.applied and pod.resize_condition is not None:
+                self._set_resize_condition(pod, None)  # withdrawn: nothing left to do
+            return
+        pending = self._admit(pod, want)
+        if pending is not None:
+            self._set_resize_condition(pod, _condition("PodResizePending", "True", *pending))
+            return
+        self._set_resize_condition(pod, _condition("PodResizeInProgress", "True", "", ""))
+        outcome = self.backend.resize(pod.local_name, float(want[0]), want[1])
+        if not outcome.in_place:
+            pod.refused = want
+            error = _condition("PodResizeInProgress", "True", "Error", outcome.reason)
+            self._set_resize_condition(pod, error)
+            return
+        with self._lock:
+            pod.applied, pod.refused = want, None
+        self._set_resize_condition(pod, None)
+
+    def _admit(self, pod: _Pod, want: tuple[Fraction, int]) -> tuple[str, str] | None:
+        """None if the node has room for ``want`` now; else ``Infeasible`` (more than the
+        node's allocatable: never) or ``Deferred`` (beside its other pods: not now), with a
+        message in the kubelet's words."""
+        if self.allocatable is None:
+            return None
+        asked = (want[0], Fraction(want[1] * _MIB))
+        with self._lock:
+            others = [
+                p.applied or self._limits(p)
+                for p in self._pods.values()
+                if p is not pod and not p.deleted and p.state != "terminated"
+            ]
+        used = (
+            sum((o[0] for o in others), Fraction(0)),
+            Fraction(sum(o[1] for o in others) * _MIB),
+        )
+        for i, kind in enumerate(("cpu", "memory")):
+            capacity, requested = self.allocatable[i], _amount(kind, asked[i])
+            if asked[i] > capacity:
+                return "Infeasible", (
+                    f"Node didn't have enough capacity: {kind}, requested: {requested},"
+                    f" capacity: {_amount(kind, capacity)}"
+                )
+        for i, kind in enumerate(("cpu", "memory")):
+            capacity, requested = self.allocatable[i], _amount(kind, asked[i])
+            if asked[i] > capacity - used[i]:
+                return "Deferred", (
+                    f"Node didn't have enough resource: {kind}, requested: {requested},"
+                    f" used: {_amount(kind, used[i])}, capacity: {_amount(kind, capacity)}"
+                )
+        return None
+
+    def _set_resize_condition(self, pod: _Pod, condition: Json | None) -> None:
+        """Write the pod's status with ``condition`` as its one resize condition (none: the
+        resize is done), unless that is already what it says."""
+        current = pod.resize_condition
+        same = (current is None and condition is None) or (
+            current is not None
+            and condition is not None
+            and all(current.get(k) == condition.get(k) for k in ("type", "reason", "message"))
+        )
+        if same:
+            return
+        with self._lock:
+            pod.resize_condition = condition
         self._write_status(pod)
 
     def _record_start_failure(self, pod: _Pod, message: str, now: str) -> None:
@@ -728,7 +821,13 @@ class FakeKubelet:
             "Ready": "True" if ready else "False",
         }
         old = {c.get("type"): c for c in current}
-        conditions = [c for c in current if c.get("type") not in owned]
+        conditions = [
+            c
+            for c in current
+            if c.get("type") not in owned and c.get("type") not in _RESIZE_CONDITIONS
+        ]
+        if pod.resize_condition is not None:
+            conditions.append(pod.resize_condition)
         for extra in pod.extra_conditions:
             conditions = [c for c in conditions if c.get("type") != extra["type"]]
             conditions.append(extra)
@@ -797,6 +896,14 @@ class FakeKubelet:
         }
         if pod.container_id:
             entry["containerID"] = pod.container_id
+        if pod.applied is not None and "running" in state:
+            cpu, memory_mb = pod.applied
+            actual = {
+                "cpu": format_quantity(cpu),
+                "memory": format_quantity(memory_mb * _MIB, "BinarySI"),
+            }
+            entry["allocatedResources"] = dict(actual)
+            entry["resources"] = {"requests": dict(actual), "limits": dict(actual)}
         status["containerStatuses"] = [entry]
         return status
 
@@ -914,7 +1021,7 @@ class FakeKubelet:
 
 
 def _condition(kind: str, status: str, reason: str, message: str) -> Json:
-    return {
+    condition: Json = {
         "type": kind,
         "status": status,
         "lastProbeTime": None,
@@ -922,6 +1029,14 @@ def _condition(kind: str, status: str, reason: str, message: str) -> Json:
         "reason": reason,
         "message": message,
     }
+    if not reason:  # PodResizeInProgress while it goes well has neither
+        del condition["reason"], condition["message"]
+    return condition
+
+
+def _amount(kind: str, value: Fraction) -> int:
+    """How the kubelet's resize messages count: millicores, bytes."""
+    return round(value * 1000) if kind == "cpu" else round(value)
 
 
 __all__ = ["ApiClient", "FakeKubelet", "StatusWrite", "watch_pods"]

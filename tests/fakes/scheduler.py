@@ -126,16 +126,18 @@ class FakeScheduler:
         self._stop = threading.Event()
         with contextlib.ExitStack() as stack:  # a kubelet that fails to start: close the others
             self.kubelets = {
-                name: stack.enter_context(
+                node.name: stack.enter_context(
                     FakeKubelet(
                         api,
-                        node_name=name,
-                        log_dir=Path(log_dir) / name,
+                        node_name=node.name,
+                        log_dir=Path(log_dir) / node.name,
                         schedules=False,
+                        # what its kubelet admits an in-place resize against
+                        allocatable=(parse_quantity(node.cpu), parse_quantity(node.memory)),
                         **kubelet_options,
                     )
                 )
-                for name in names
+                for node in nodes
             }
             self._kubelets = stack.pop_all()
         synced = threading.Event()

@@ -286,6 +286,62 @@ def test_status_subresource_changes_only_status(v1: CoreV1Api) -> None:
     assert "the object has been modified" in status["message"]
 
 
+def patch_resize(v1: CoreV1Api, name: str, patch: Json) -> Json:
+    """PATCH pods/NAME/resize as the Kubernetes backend sends it (the pinned client has no
+    method for it)."""
+    response = v1.api_client.call_api(
+        f"/api/v1/namespaces/default/pods/{name}/resize",
+        "PATCH",
+        header_params={"Content-Type": "application/strategic-merge-patch+json"},
+        body=patch,
+        _return_http_data_only=True,
+        _preload_content=False,
+    )
+    result: Json = json.loads(response.data)
+    return result
+
+
+def resources_patch(cpu: str, memory: str, **extra: Any) -> Json:
+    amounts = {"cpu": cpu, "memory": memory}
+    container = {"name": "main", "resources": {"requests": amounts, "limits": amounts}}
+    return {"spec": {"containers": [{**container, **extra}]}}
+
+
+def test_resize_subresource_changes_only_cpu_and_memory(v1: CoreV1Api, api: FakeApiServer) -> None:
+    v1.create_namespaced_pod("default", pod_body("rs"))
+
+    resized = patch_resize(v1, "rs", resources_patch("1.5", "512Mi"))
+
+    container = resized["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"cpu": "1500m", "memory": "512Mi"}
+    assert container["command"] == ["python", "-c", "pass"]  # merged by name, not replaced
+    assert resized["status"]["qosClass"] == "Guaranteed"
+    refusals = {
+        "other field": resources_patch("1", "512Mi", image="python:3.12"),
+        "qos class": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "main",
+                        "resources": {"requests": {"cpu": "1"}, "limits": {"cpu": "2"}},
+                    }
+                ]
+            }
+        },
+    }
+    for why, patch in refusals.items():
+        with pytest.raises(ApiException) as refused:
+            patch_resize(v1, "rs", patch)
+        assert refused.value.status == 422, why
+        assert "Forbidden" in status_of(refused.value)["message"], why
+    api.serve_resize = False  # a cluster before 1.33
+    with pytest.raises(ApiException) as older:
+        patch_resize(v1, "rs", resources_patch("1", "512Mi"))
+    assert older.value.status == 404
+    stored = v1.read_namespaced_pod("rs", "default").spec.containers[0].resources.limits
+    assert stored == {"cpu": "1500m", "memory": "512Mi"}
+
+
 def test_secrets_fold_string_data_and_are_replaced_whole(v1: CoreV1Api) -> None:
     secret = v1.create_namespaced_secret(
         "default", {"metadata": {"name": "tok"}, "stringData": {"token": "hunter2"}}
@@ -668,9 +724,9 @@ def test_pod_metrics_api(api: FakeApiServer, tmp_path: Path) -> None:
 
 def test_discovery(api: FakeApiServer, tmp_path: Path) -> None:
     api_client = make_client(api, tmp_path)
-    assert client.VersionApi(api_client).get_code().git_version.startswith("v1.32")
+    assert client.VersionApi(api_client).get_code().git_version.startswith("v1.34")
     resources = {r.name: r for r in CoreV1Api(api_client).get_api_resources().resources}
-    assert set(resources) == {"pods", "pods/status", "pods/binding", "secrets"}
+    assert set(resources) == {"pods", "pods/status", "pods/binding", "pods/resize", "secrets"}
     assert resources["pods"].short_names == ["po"] and resources["pods"].namespaced
     assert set(resources["pods"].verbs) == {"create", "delete", "get", "list", "watch"}
     assert resources["pods/status"].verbs == ["get", "patch", "update"]
