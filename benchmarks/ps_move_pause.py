@@ -35,9 +35,9 @@ Columns: ``pause``; ``registered``, the pause until the master heard from the ne
 is the first lookup); ``moving``, the part that moved the state (network: ``finish_copy``, as
 the new PS reports it; shm: the snapshot; restart: the checkpoint written and committed);
 ``ready->serving``, from the new PS's own log, its state ready (moved or restored) to serving:
-in every method the new PS, as ``ps_server.serve`` does, reserves and touches its own
-flash-checkpoint buffer then, before it registers, so that is part of every pause. The new PS
-of a live move also asks the master for its release every 50 ms (``node._copied_state``).
+a new PS reserves and touches its own flash-checkpoint buffer before it serves; the new PS of
+a live move does it on standby, before the pause (``node._copied_state``), the others in the
+pause. The new PS of a live move also asks the master for its release every 50 ms.
 
 The pushes' ids are uniform over the PS's rows, the worst case for rows sent again (Zipf ids,
 as real ones, hit the same head rows again and mark fewer); the default of 100 pushes of

@@ -4,10 +4,12 @@ The job master's "apply" step, kept pure: given the running pods and a target
 :class:`~dlrover_kfp.core.plan.ResourcePlan`, :func:`reconcile` lists the pod changes, in the
 order that never takes the job above its quota on the way, when both ends are within it:
 
-1. **Worker removals**: workers beyond the target count (highest index first) and workers whose
-   size changes (a new pod of the new size replaces the old one, as on Kubernetes, where a
-   pod's resources cannot change in place; a worker holds no state, its leased shards go back
-   to the queue).
+1. **Worker shrinks**: workers beyond the target count (highest index first) are removed;
+   workers whose memory would shrink are removed too (a new pod of the new size replaces the
+   old one: Kubernetes' in-place resize refuses a memory decrease, and a worker holds no
+   state, its leased shards go back to the queue); workers whose CPU falls, their memory
+   unchanged or growing, are **resized in place** to the new CPU (the memory, if it grows,
+   waits for step 3): the same process goes on under the new quota, no restart, no re-read.
 2. **PS changes**, at most one kind:
    - the count changes: one *repartition* to the target count and size (flash checkpoint, new
      PS started from the snapshot with the rows re-partitioned, workers switched, old PS
@@ -16,17 +18,19 @@ order that never takes the job above its quota on the way, when both ends are wi
    A PS change is *live* (new pods start before the old ones stop, so training pauses only for
    the switch) when the quota has room for old and new together at that point; otherwise it is
    stop-and-restart (old pods stop first; training waits for the new ones).
-3. **Worker additions**: the removed-for-resizing workers at their new size and the new ones,
-   lowest index first.
+3. **Worker growths**: the in-place resizes that grow (CPU up, or memory up: a worker whose
+   CPU fell and memory grows gets its memory here, a second resize), then the additions: the
+   removed-for-resizing workers at their new size and the new ones, lowest index first.
 
-After a removal, the remaining pods are within the old plan; after the PS change, the kept
-workers and the target PS are within the target; each addition moves toward the target. So
-no intermediate state is above a quota both ends fit (`tests/unit/test_reconcile.py` checks
-it over random plans). Pure: no I/O.
+After step 1 every pod is at most its old size; after the PS change every worker is at most
+its target size in each resource (kept, shrunk, or not yet grown) and the PS are the target's;
+each growth moves one pod up to its target. So no intermediate state is above a quota both
+ends fit (`tests/unit/test_reconcile.py` checks it over random plans). Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -51,6 +55,8 @@ class Pod:
 
 class ChangeKind(StrEnum):
     REMOVE_WORKER = "remove_worker"
+    #: a running worker's CPU (and memory, never down) changed in place: the same process
+    RESIZE_WORKER = "resize_worker"
     REPARTITION_PS = "repartition_ps"
     MIGRATE_PS = "migrate_ps"
     ADD_WORKER = "add_worker"
@@ -59,7 +65,9 @@ class ChangeKind(StrEnum):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PodChange:
     """One step. For ``REPARTITION_PS``, ``index`` is the new PS count and ``cpu`` and
-    ``memory_mb`` each new PS's; for the others they name one pod and its new size.
+    ``memory_mb`` each new PS's; for the others they name one pod and its new size (for
+    ``RESIZE_WORKER``, the size it has after this step: a worker whose CPU falls and memory
+    grows is resized twice, CPU in step 1 and memory in step 3).
     ``live``: for PS changes, whether old and new pods may run together (see the module)."""
 
     kind: ChangeKind
@@ -104,16 +112,27 @@ def reconcile(
     want_w, want_p = target.workers, target.ps
     changes: list[PodChange] = []
 
-    # 1. Worker removals: beyond the count (highest first), then those to be resized.
+    # 1. Worker shrinks: removals beyond the count (highest first), then replacements (memory
+    #    down), then in-place CPU cuts.
     beyond = [w for w in reversed(workers) if w.index >= want_w.count]
-    resized = [w for w in workers if w.index < want_w.count and not _sized(w, want_w)]
-    for w in (*beyond, *resized):
+    stay = [w for w in workers if w.index < want_w.count]
+    replaced = [w for w in stay if want_w.memory_mb < w.memory_mb]
+    resized = [w for w in stay if not _sized(w, want_w) and w not in replaced]
+    for w in (*beyond, *replaced):
         what = "beyond the target count" if w in beyond else "to be replaced at its new size"
         changes.append(
             PodChange(kind=ChangeKind.REMOVE_WORKER, index=w.index, reason=f"{w.name}: {what}")
         )
-    kept = [w for w in workers if w.index < want_w.count and _sized(w, want_w)]
-    running = _total(kept).plus(_total(ps).cpu, _total(ps).memory_mb)
+    # Each resized worker at its size between steps 1 and 3: CPU min(old, new), memory old.
+    interim = [
+        Pod(role="worker", index=w.index, cpu=min(w.cpu, want_w.cpu), memory_mb=w.memory_mb)
+        for w in resized
+    ]
+    for w, mid in zip(resized, interim, strict=True):
+        if mid.cpu < w.cpu - 1e-9:
+            changes.append(_resize(w, mid))
+    kept = [w for w in stay if _sized(w, want_w)]
+    running = _total([*kept, *interim]).plus(_total(ps).cpu, _total(ps).memory_mb)
 
     # 2. PS: a repartition when the count changes, else one migration per PS to be resized.
     if len(ps) != want_p.count or any(p.index >= want_p.count for p in ps):
@@ -129,7 +148,7 @@ def reconcile(
                     reason=f"{len(ps)} -> {want_p.count} PS, rows re-partitioned",
                 )
             )
-        running = _total(kept).plus(want_p.total_cpu, want_p.total_memory_mb)
+        running = _total([*kept, *interim]).plus(want_p.total_cpu, want_p.total_memory_mb)
     else:
         for p in ps:
             if _sized(p, want_p):
@@ -148,8 +167,12 @@ def reconcile(
             )
             running = running.plus(want_p.cpu - p.cpu, want_p.memory_mb - p.memory_mb)
 
-    # 3. Worker additions, lowest index first.
-    have = {w.index for w in kept}
+    # 3. Worker growths: in-place resizes up to the target, then additions, lowest index first.
+    for mid in interim:
+        if not _sized(mid, want_w):
+            grown = Pod(role="worker", index=mid.index, cpu=want_w.cpu, memory_mb=want_w.memory_mb)
+            changes.append(_resize(mid, grown))
+    have = {w.index for w in (*kept, *resized)}
     for index in range(want_w.count):
         if index not in have:
             changes.append(
@@ -162,6 +185,38 @@ def reconcile(
                 )
             )
     return tuple(changes)
+
+
+def plan_pods(plan: ResourcePlan) -> list[Pod]:
+    """The pods a plan runs: ``worker-0 ..`` and ``ps-0 ..`` at their groups' sizes."""
+    roles: tuple[tuple[Role, NodeGroup], ...] = (("worker", plan.workers), ("ps", plan.ps))
+    return [
+        Pod(role=role, index=k, cpu=group.cpu, memory_mb=group.memory_mb)
+        for role, group in roles
+        for k in range(group.count)
+    ]
+
+
+def in_place(before: ResourcePlan, after: ResourcePlan) -> bool:
+    """Whether going from ``before`` to ``after`` changes running pods in place only (every
+    change an in-place worker resize: the same counts and PS, the workers' CPU or memory up, or
+    CPU down with memory kept): nothing starts, stops or re-reads data. The planner prices such
+    a step by it (core/planner/auto_scale.py)."""
+    changes = reconcile(plan_pods(before), after, math.inf, 1 << 62)  # no quota: the kinds
+    return bool(changes) and all(c.kind is ChangeKind.RESIZE_WORKER for c in changes)
+
+
+def _resize(old: Pod, new: Pod) -> PodChange:
+    """Worker ``old`` resized in place to ``new``'s CPU and memory (memory never down)."""
+    return PodChange(
+        kind=ChangeKind.RESIZE_WORKER,
+        index=old.index,
+        cpu=new.cpu,
+        memory_mb=new.memory_mb,
+        reason=f"{old.name}: {old.cpu:g} -> {new.cpu:g} cpu"
+        + (f", {old.memory_mb} -> {new.memory_mb}Mi" if new.memory_mb != old.memory_mb else "")
+        + " in place",
+    )
 
 
 def move_ps(
@@ -186,4 +241,4 @@ def move_ps(
     )
 
 
-__all__ = ["ChangeKind", "Pod", "PodChange", "move_ps", "reconcile"]
+__all__ = ["ChangeKind", "Pod", "PodChange", "in_place", "move_ps", "plan_pods", "reconcile"]

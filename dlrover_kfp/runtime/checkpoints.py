@@ -16,6 +16,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
+from dlrover_kfp.errors import DlroverKfpError
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.wire import Connection, connect
 
@@ -170,6 +171,54 @@ class CheckpointCoordinator:
         for k, conn in enumerate(self.connections):
             if indices is None or k in indices:
                 conn.request("shutdown")
+
+    def roll_back(
+        self, indices: Collection[int]
+    ) -> tuple[ckpt.CheckpointChoice | None, dict[int, tuple[str, float]]]:
+        """Roll the running PS of ``indices`` back to the last committed checkpoint in place,
+        then close: the checkpoint to restore (None: none committed, the job's start) and, per
+        PS that restored, where from (``memory``: its own snapshot buffer, ``volume``,
+        ``start``) and in how many seconds.
+
+        Another PS of the job crashed; its pod's supervisor restarts it, and it restores the
+        same step. A checkpoint in flight is given up first (it cannot commit: a PS it needs is
+        gone), so the choice is the last one committed before the crash. A PS missing from the
+        answer did not roll back in place: it died too (and restarts by itself), failed the
+        restore (and was asked to restart), or a checkpoint thread still held its connection;
+        the caller waits for it to register again. Each request's answer is bounded by
+        ``rpc_timeout_s``: a restore reads the PS's part at memory speed (~1 s a GiB measured
+        here) or the volume's."""
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(self.rpc_timeout_s)
+        held = self._thread is not None and self._thread.is_alive()
+        if held:
+            self.close()  # aborts the connections the thread waits on: nothing commits after
+        choice = ckpt.select_checkpoint(self.root)  # committed ones only
+        meta = {"choice": None if choice is None else choice.to_dict()}
+        asked = [] if held else [k for k in range(len(self.connections)) if k in indices]
+        for k in list(asked):  # all at once: the PS restore side by side, not one after another
+            try:
+                self.connections[k].send("restore", meta)
+            except (DlroverKfpError, OSError) as exc:
+                log.warning("PS %d did not take the restore request: %s", k, exc)
+                asked.remove(k)
+        restored: dict[int, tuple[str, float]] = {}
+        for k in asked:
+            conn = self.connections[k]
+            try:
+                reply = conn.recv()
+                if reply.kind != "error":
+                    restored[k] = (str(reply.meta["source"]), float(reply.meta["seconds"]))
+                    continue
+                # It runs but could not restore (its state is then half-written): its pod's
+                # supervisor starts it again, and it restores as a restarted PS does.
+                log.warning("PS %d failed to roll back: %s", k, reply.meta.get("message"))
+                conn.request("restart")
+            except (DlroverKfpError, OSError) as exc:
+                log.warning("PS %d did not roll back in place: %s", k, exc)
+        self.close()
+        return choice, restored
 
     def close(self) -> None:
         """Let a checkpoint in flight end, for at most ``rpc_timeout_s``, then give it up (not

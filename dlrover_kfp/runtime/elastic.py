@@ -10,8 +10,10 @@ record, which it is given:
   changes by :func:`~dlrover_kfp.core.reconcile.reconcile` and applied:
 
   - worker changes are applied to the running job: a removed worker's leased shards go back to
-    the queue when its connection drops (the master's ledger), a resized worker is a new pod of
-    the new size under the same name, new workers lease shards as they come;
+    the queue when its connection drops (the master's ledger), a worker whose CPU changes (its
+    memory kept or grown) is resized in place by the backend and goes on under the new quota;
+    one whose memory shrinks, or whose resize the backend refuses, is a new pod of the new size
+    under the same name; new workers lease shards as they come;
   - a PS change (count or size, or one PS moved) is applied **live**, as one protocol with
     explicit steps (:class:`~dlrover_kfp.runtime.ps_change.PsChange`):
     the new PS pods start while training goes on and copy their rows from the old PS over the
@@ -37,13 +39,21 @@ record, which it is given:
   (hot PS, memory trend) moves that PS to a new pod, live; when its new size differs from the
   others', all PS move (a job's PS share one size). Taking a slow worker's shards while it
   still runs is not applied: it and the next holder would both report the shard, and samples
-  count at every report; its shards move when it is replaced.
+  count at every report; its shards move when it is replaced. A worker no node has room for
+  (Pending: a scale-up beyond the cluster's free room) holds no shard, so the job trains on
+  with the pods it has; past the planner's ``pending_timeout_s`` (counted from its launch) it
+  is relaunched smaller, its event naming the wait and the scheduler's message.
 
 * **failures**: a failed worker goes to the relaunch policy
   (:func:`~dlrover_kfp.core.planner.relaunch.decide_relaunch`): relaunched as it was, bigger
   after an OOM, or the job fails after repeated failures. A failed PS (the same policy) rolls
   the whole job back to its last committed checkpoint (:meth:`_restore_from_checkpoint`):
   every PS restores it, the master restores the shard ledger and counts committed with it.
+  A PS *process* that crashes while its pod runs is restarted inside the pod by the pod's
+  supervisor (:mod:`~dlrover_kfp.training.supervisor`): the same rollback, but no PS pod is
+  replaced and only the crashed process starts again: the other PS roll back in their running
+  processes, and each restores its part of the committed step from its pod's own
+  shared-memory snapshot (:meth:`_restart_in_place`).
   A *frozen* PS (SIGSTOPped, hung, its node gone: no usage report and no answer to a probe,
   :mod:`~dlrover_kfp.runtime.liveness`) is killed and handled the same way; a new PS of a
   live change that freezes abandons the change (the old PS serve on).
@@ -87,7 +97,14 @@ from dlrover_kfp.core.planner.relaunch import (
 from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent, RuntimeSample
 from dlrover_kfp.core.reconcile import ChangeKind, Pod, move_ps, reconcile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.ports import Clock, ClusterBackend, PodPhase, PodStatus
+from dlrover_kfp.ports import (
+    Clock,
+    ClusterBackend,
+    PodNotFoundError,
+    PodPhase,
+    PodStatus,
+    ResizeOutcome,
+)
 from dlrover_kfp.runtime.job import JobFailedError, JobRun, Progress
 from dlrover_kfp.runtime.liveness import WatchedPs
 from dlrover_kfp.runtime.master import MasterState
@@ -97,6 +114,7 @@ from dlrover_kfp.runtime.ps_change import (
     pause_timeout_s,
 )
 from dlrover_kfp.training import checkpoint as ckpt
+from dlrover_kfp.training import supervisor
 
 #: How the backend's reasons map to the relaunch policy's causes.
 _CAUSES = {
@@ -166,6 +184,10 @@ class ElasticPolicy:
         self.ps_pauses: list[float] = []
         #: threads stopping the PS a switch replaced, once their checkpoint is committed
         self._retiring: list[threading.Thread] = []
+        #: whether a worker's CPU change is applied in place (the backend's resize): assumed
+        #: until the backend refuses one, then a replacement for the rest of the run; Stage 2
+        #: prices CPU changes by it (auto_scale's ``resize_in_place``)
+        self.resize_in_place = True
 
     # -- the hooks of the run's loop ----------------------------------------------------------
 
@@ -180,6 +202,8 @@ class ElasticPolicy:
     # -- failures -------------------------------------------------------------------------
 
     def handle_failures(self, statuses: list[PodStatus], t: float) -> None:
+        if self._restart_in_place(statuses, t):
+            return  # every PS restarted and every worker was replaced: the statuses are stale
         for status in statuses:
             if status.phase is not PodPhase.FAILED or status.name in self.run.stopping:
                 continue
@@ -284,17 +308,7 @@ class ElasticPolicy:
         detail = self.run.kill_frozen(frozen)
         t = self.run.events[-1].time
         self.run.progress(f"{self.run.run_id}: {frozen.pod}: {detail}")
-        stop = PodExit(
-            node=frozen.pod,
-            role="ps",
-            cause=ExitCause.ERROR,
-            exit_code=None,
-            time=t,
-            cpu=self.run.ps.cpu,
-            memory_mb=self.run.ps.memory_mb,
-        )
-        decision = decide_relaunch(stop, self._stops, self.planner)
-        self._stops.append(stop)
+        decision = self._ps_stopped(frozen.pod, t)
         if isinstance(decision, FailJob):
             raise JobFailedError(decision.reason.replace("exited with an error", "froze"))
         if isinstance(decision, Relaunch):
@@ -304,6 +318,117 @@ class ElasticPolicy:
             self._restore_from_checkpoint(
                 frozen.pod, dataclasses.replace(decision, reason=reason), t
             )
+
+    def _ps_stopped(self, pod: str, t: float) -> Relaunch | NoRelaunch | FailJob:
+        """The relaunch policy's decision on a PS that ended without a pod status to tell why
+        (frozen and killed, or its process crashed inside a running pod), counted as an error
+        exit: a PS that keeps failing ends the job instead of rolling it back again and again."""
+        stop = PodExit(
+            node=pod,
+            role="ps",
+            cause=ExitCause.ERROR,
+            exit_code=None,
+            time=t,
+            cpu=self.run.ps.cpu,
+            memory_mb=self.run.ps.memory_mb,
+        )
+        decision = decide_relaunch(stop, self._stops, self.planner)
+        self._stops.append(stop)
+        return decision
+
+    def _restart_in_place(self, statuses: list[PodStatus], t: float) -> bool:
+        """A PS process that ended while its pod runs: its pod's supervisor
+        (training/supervisor.py) starts it again there, where its shared-memory snapshot is.
+
+        The job rolls back to its last committed checkpoint as for a failed PS
+        (:meth:`_roll_back`: the workers replaced, the ledger and counts restored), but no PS
+        pod is replaced and only the crashed PS's process starts again: once the workers
+        stopped, the other PS roll back in their running processes (a ``restore`` request
+        through the checkpoint coordinator's connections,
+        :meth:`~dlrover_kfp.runtime.checkpoints.CheckpointCoordinator.roll_back`), keeping their
+        address and their snapshot buffer. Every PS restores its own part of the committed
+        step from its pod's snapshot when that is exactly it, else from the volume. A process's
+        start (the interpreter, torch: seconds at a fraction of a core) is then paid once, by
+        the PS that crashed, not by every PS. A PS that does not roll back in place (it died
+        too, or failed the restore and was asked to restart) serves again once it registers;
+        a PS whose pod fails meanwhile is relaunched as one failing at the start is
+        (:meth:`~dlrover_kfp.runtime.job.JobRun.wait_for_ps`). True when it handled one."""
+        state = self.run.state
+        with state.lock:
+            lost = state.lost_ps()
+            crashed = {k for k, why in state.restarting.items() if why != supervisor.ASKED}
+        index = min({*lost, *crashed}, default=None)
+        if index is None:
+            return False
+        pod = self.run.pod_name(self._ps_nodes[index])
+        running = {s.name for s in statuses if s.phase is PodPhase.RUNNING}
+        if pod not in running or pod in self.run.stopping:
+            return False  # its pod ended (the loop handles it) or is being stopped
+        decision = self._ps_stopped(pod, t)
+        if not isinstance(decision, Relaunch):
+            raise JobFailedError(decision.reason.replace("exited with an error", "crashed"))
+        paused = self.run.clock.monotonic()
+        lost_at = lost.get(index, paused)
+        with state.lock:  # workers started from now on wait for the restarted PS
+            state.ps_addresses.pop(index, None)
+        workers = [self.run.worker_name(k) for k in range(self.run.workers.count)]
+        for name in workers:
+            self.run.stop(name)
+        self._join_retiring()
+        self.run.wait_for_terminal(workers)  # no push may land after a PS rolled back
+        every = set(range(self.run.ps.count))
+        choice, rolled = self.run.coordinator.roll_back(every - {index})
+        with state.lock:
+            for k in every - set(rolled):  # each serves again once it registers
+                state.ps_addresses.pop(k, None)
+            state.restored_from.clear()
+            state.restored_from.update({k: where for k, (where, _) in rolled.items()})
+        taken = self._roll_back(state, choice)
+        with state.lock:
+            # Each restarted PS now gets the committed step to restore as soon as it asks.
+            state.restart_released = True
+        # The new workers start while the PS do (their pods run); they get no shard before
+        # every PS serves again. A PS pod that fails meanwhile is relaunched as at the start.
+        self.run.wait_for_ps(state, self.run.clock.monotonic(), self._launch_workers)
+        serving_s = self.run.clock.monotonic() - lost_at
+        with state.lock:
+            restored = dict(state.restored_from)
+            cause = state.restarting.get(index) or "its process ended"
+            state.restart_released = False
+            state.restarting.clear()
+            state.ps_lost.clear()
+        self.run.coordinator = self.run.new_coordinator(state)
+        self._starts.append(len(self.run.samples))
+        where = [restored.get(k, "") for k in range(self.run.ps.count)]
+        source = (
+            f"the checkpoint of step {choice.step:,} ({where.count('memory')} from memory, "
+            f"{where.count('volume')} from the volume)"
+            if choice is not None
+            else "the start"
+        )
+        source += f", {len(rolled)} in its running process"
+        detail = (
+            f"{NodeId('ps', index).key} crashed ({cause}) and was restarted in its pod: every "
+            f"PS restored from {source}, serving again in {serving_s:.2f}s; {taken:,} samples "
+            f"trained since are taken back and trained again; training paused "
+            f"{self.run.clock.monotonic() - paused:.1f}s"
+        )
+        self.run.events.append(JobEvent(time=round(t, 3), kind="relaunch", node=pod, detail=detail))
+        self.run.progress(f"{self.run.run_id}: {pod}: {detail}")
+        return True
+
+    def _roll_back(self, state: MasterState, choice: ckpt.CheckpointChoice | None) -> int:
+        """The master's side of a rollback to ``choice`` (the last committed checkpoint, None:
+        the job's start), once the workers stopped: the ledger and counts committed with it,
+        the rates rebased. Returns the samples taken back (reported since it, to be trained
+        and counted again)."""
+        with state.lock:
+            before = sum(w.samples for w in state.workers.values())
+            self.run.restore_master(state, choice)
+            after = sum(w.samples for w in state.workers.values())
+        self.run.restored_at(state, choice.step if choice is not None else 0)
+        self.run.rebase_rates(state, self.run.clock.monotonic() - self.run.start)
+        return before - after
 
     def _restore_from_checkpoint(self, name: str, decision: Relaunch, t: float) -> None:
         """A PS died: the job goes back to its last committed checkpoint, all of it.
@@ -327,23 +452,20 @@ class ElasticPolicy:
                 *(self.run.worker_name(k) for k in range(self.run.workers.count)),
             ],
         )
+        with state.lock:
+            lost_at = min(state.lost_ps().values(), default=paused)
         self.run.coordinator.close()  # a checkpoint in flight fails with the dead PS: not committed
         choice = ckpt.select_checkpoint(self.run.checkpoint_dir)  # committed ones only
-        step = choice.step if choice is not None else 0
-        with state.lock:
-            before = sum(w.samples for w in state.workers.values())
-            self.run.restore_master(state, choice)
-            after = sum(w.samples for w in state.workers.values())
-        self.run.restored_at(state, step)
-        self.run.rebase_rates(state, self.run.clock.monotonic() - self.run.start)
+        taken = self._roll_back(state, choice)
         ps = NodeGroup(count=self.run.ps.count, cpu=decision.cpu, memory_mb=decision.memory_mb)
         self._launch_all(state, ps, self.run.workers)
+        serving_s = self.run.clock.monotonic() - lost_at
         self._starts.append(len(self.run.samples))
-        source = f"the checkpoint of step {step:,}" if choice is not None else "the start"
+        source = f"the checkpoint of step {choice.step:,}" if choice is not None else "the start"
         detail = (
-            f"{decision.reason}: every PS restored from {source}; {before - after:,} samples "
-            f"trained since are taken back and trained again; training paused "
-            f"{self.run.clock.monotonic() - paused:.1f}s"
+            f"{decision.reason}: every PS restored from {source}, serving again in "
+            f"{serving_s:.2f}s; {taken:,} samples trained since are taken back and trained "
+            f"again; training paused {self.run.clock.monotonic() - paused:.1f}s"
         )
         self.run.events.append(
             JobEvent(time=round(t, 3), kind="relaunch", node=name, detail=detail)
@@ -357,6 +479,10 @@ class ElasticPolicy:
             generation = state.generation = state.generation + 1
             state.switch = None
             state.ps_addresses.clear()
+            # Whatever the old set's processes said (lost, restarting) ends with them.
+            state.ps_lost.clear()
+            state.restarting.clear()
+            state.restart_released = False
             state.num_ps = ps.count
             state.job_config = {**state.job_config, "num_ps": ps.count}
         self.run.ps = ps
@@ -364,13 +490,13 @@ class ElasticPolicy:
         for k in range(ps.count):
             self.run.launch(self._ps_nodes[k], ps)
         self.run.workers = workers
-
-        def launch_workers() -> None:
-            for k in range(workers.count):
-                self._launch_worker(k, workers)
-
-        self.run.wait_for_ps(state, self.run.clock.monotonic(), launch_workers)
+        self.run.wait_for_ps(state, self.run.clock.monotonic(), self._launch_workers)
         self.run.coordinator = self.run.new_coordinator(state)
+
+    def _launch_workers(self) -> None:
+        """Start every worker of the job's worker group (after a rollback stopped them)."""
+        for k in range(self.run.workers.count):
+            self._launch_worker(k, self.run.workers)
 
     def _launch_worker(self, index: int, group: NodeGroup) -> None:
         """(Re)start worker ``index`` at ``group``'s size (a stop of it is no longer ours:
@@ -426,6 +552,29 @@ class ElasticPolicy:
                 out[name] = max(age, out.get(name, 0.0))
         return out
 
+    def _pending(self, workers: Collection[str]) -> tuple[dict[str, float], dict[str, str]]:
+        """The job's worker pods (of ``workers``) still Pending: seconds since this master
+        launched each, and why where the cluster says (its scheduler's message:
+        :attr:`~dlrover_kfp.ports.PodStatus.message`), for Stage 3's pending rule. The job
+        trains on meanwhile with the workers that run; a pending one only holds no shard.
+
+        Workers only: a PS is waited for where it is started, and that wait is bounded and says
+        why (the job's start or a rollback: the startup timeout; a live PS change: abandoned
+        after :data:`~dlrover_kfp.runtime.ps_change.PENDING_S`), so none is pending here."""
+        now = self.run.clock.monotonic()
+        waited: dict[str, float] = {}
+        why: dict[str, str] = {}
+        for pod in self.run.backend.statuses():
+            since = self.run.launched_at.get(pod.name)
+            if pod.phase is not PodPhase.PENDING or pod.name not in workers or since is None:
+                continue
+            if pod.name in self.run.stopping:
+                continue
+            waited[pod.name] = now - since
+            if pod.message:
+                why[pod.name] = pod.message
+        return waited, why
+
     def _shard_s(self, samples: Sequence[RuntimeSample]) -> float | None:
         """Seconds one worker takes for one shard at the median speed of the recent samples:
         shard rows / median per-worker samples/s (None before any worker made progress)."""
@@ -442,7 +591,9 @@ class ElasticPolicy:
     def decide(self, t: float) -> None:
         state = self.run.state
         settled = self._settled()
-        if not settled:
+        workers = {*map(self.run.worker_name, range(self.run.workers.count))}
+        pending_s, pending_why = self._pending(workers)
+        if not settled and not pending_s:
             return
         with state.lock:
             if state.ledger.finished:
@@ -452,7 +603,7 @@ class ElasticPolicy:
         # Only the job's own pods: a PS a live move replaced still runs until it has persisted
         # the move's checkpoint (long, if it was starved), and is no longer the job's to move.
         ps_pods = set(self._ps_pod_names())
-        current = {*ps_pods, *map(self.run.worker_name, range(self.run.workers.count))}
+        current = {*ps_pods, *workers}
         recent = [
             _only(x, current) for x in settled if x.time >= self.run.samples[self._starts[-1]].time
         ]
@@ -466,6 +617,8 @@ class ElasticPolicy:
                 _only(x, ps_pods)
                 for x in settled[-10 * self.planner.post_scale.starved_ps_samples :]
             ],
+            pending_s=pending_s,
+            pending_why=pending_why,
         )
         unstable = post_scale(self.ctx, self.plan, observed, t, self.planner)
         if unstable is not None and unstable.actions:
@@ -481,6 +634,8 @@ class ElasticPolicy:
             self._apply_actions(state, unstable)
             self._starts.append(len(self.run.samples))
             return
+        if not settled:
+            return  # only pending pods to judge: no speed measured for Stage 2 yet
         decision = auto_scale(
             self.ctx,
             self.plan,
@@ -489,6 +644,7 @@ class ElasticPolicy:
             self.planner,
             last_step=self.last_step,
             known=self.known,
+            resize_in_place=self.resize_in_place,
         )
         if decision.plan is None:
             return
@@ -506,6 +662,8 @@ class ElasticPolicy:
             throughput_before=measured,
             kind=decision.kind,
             expected=decision.plan.predicted_throughput,
+            # In place unless the backend refused a resize of it (then replaced).
+            in_place=decision.in_place and self.resize_in_place,
         )
         self.plans.append(
             AppliedPlan(
@@ -629,9 +787,41 @@ class ElasticPolicy:
             elif change.kind is ChangeKind.MIGRATE_PS:
                 # One PS after another, each to a pod of the new size.
                 self._switch_ps(target.ps, frozenset({change.index}), live=change.live)
+            elif change.kind is ChangeKind.RESIZE_WORKER:
+                group = NodeGroup(count=1, cpu=change.cpu, memory_mb=change.memory_mb)
+                self._resize_worker(change.index, group)
             elif change.kind is ChangeKind.ADD_WORKER:
                 self._launch_worker(change.index, target.workers)
         self.run.workers = target.workers
+
+    def _resize_worker(self, index: int, group: NodeGroup) -> None:
+        """Worker ``index`` to ``group``'s size in place: the backend's ``resize``; the same
+        process goes on under the new quota and sizes its threads to it (training/node.py),
+        with no start-up and no shard read again. Where the backend refuses (an older cluster,
+        a node without room, see :class:`~dlrover_kfp.ports.ResizeOutcome`) or the pod is not
+        running, it is replaced as before: stopped, and started again at the new size. After
+        a refusal the planner prices every CPU change as a replacement (``resize_in_place``)."""
+        name = self.run.worker_name(index)
+        try:
+            outcome = self.run.backend.resize(name, group.cpu, group.memory_mb)
+        except PodNotFoundError:
+            outcome = ResizeOutcome(in_place=False, reason="not running")
+        if outcome.in_place:
+            launched = self.run.launched.get(name)
+            if launched is not None:  # what its self-reported usage is requested against
+                self.run.launched[name] = dataclasses.replace(
+                    launched, cpu=group.cpu, memory_mb=group.memory_mb
+                )
+            detail = f"{name} resized in place to {group.cpu:g} cpu in {outcome.seconds:.2f}s"
+        else:
+            self.resize_in_place = False
+            self.run.stop(name)
+            self._launch_worker(index, group)
+            detail = f"{name}: in-place resize refused ({outcome.reason}): replaced"
+        self.run.events.append(
+            JobEvent(time=round(self.run.t(), 3), kind="scale", node=name, detail=detail)
+        )
+        self.run.progress(f"{self.run.run_id}: {detail}")
 
     def _restart_with(self, state: MasterState, target: ResourcePlan) -> None:
         """A PS change, stop-and-restart (see the module docstring)."""

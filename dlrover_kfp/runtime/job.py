@@ -129,22 +129,27 @@ def trainer_pod(
     master: tuple[str, int],
 ) -> PodSpec:
     """The pod of one PS or worker of a run: the trainer's command (role, index, the master's
-    address), the job secret in its env, the group's resources, the run's labels."""
+    address), the job secret in its env, the group's resources, the run's labels.
+
+    A PS runs under its pod's supervisor (:mod:`~dlrover_kfp.training.supervisor`, the pod's
+    first process), which restarts a crashed PS inside the pod, where its shared-memory
+    snapshot still is; a worker has no state to keep and its pod fails with it."""
     host, port = master
+    trainer = (
+        settings.python,
+        "-m",
+        "dlrover_kfp.training.node",
+        node.role,
+        str(node.index),
+        "--master",
+        f"{host}:{port}",
+    ) + (("--generation", str(node.generation)) if node.generation else ())
+    supervised = (settings.python, "-m", "dlrover_kfp.training.supervisor", "--")
     return PodSpec(
         name=node.pod_name(job),
         role=node.role,
         index=node.index,
-        command=(
-            settings.python,
-            "-m",
-            "dlrover_kfp.training.node",
-            node.role,
-            str(node.index),
-            "--master",
-            f"{host}:{port}",
-        )
-        + (("--generation", str(node.generation)) if node.generation else ()),
+        command=(supervised + trainer) if node.role == "ps" else trainer,
         env={
             SECRET_ENV_VAR: secret_to_env(secret),
             # Under a CFS quota an idle OpenMP thread must sleep, not spin: spinning burns
@@ -348,6 +353,8 @@ class JobRun(Generic[P]):
         self.stopping: set[str] = set()
         #: the last spec built for each pod name (what its self-reported usage is against)
         self.launched: dict[str, PodSpec] = {}
+        #: when (monotonic) each pod name was last launched: how long a Pending one has waited
+        self.launched_at: dict[str, float] = {}
 
         self.dataset_rows = sum(dataset.source_rows)
         train, self.eval_ranges = split_ranges(
@@ -429,6 +436,7 @@ class JobRun(Generic[P]):
         fail, is a failure."""
         pod = self.pod(node, group)
         self.stopping.discard(pod.name)
+        self.launched_at[pod.name] = self.clock.monotonic()
         self.backend.launch(pod)
 
     def stop(self, name: str) -> None:
@@ -771,8 +779,14 @@ class JobRun(Generic[P]):
                 self.policy.start_failed(failed)
                 start = self.clock.monotonic()  # a relaunched PS gets the whole start-up time again
             if self.clock.monotonic() - start > self.settings.startup_timeout_s:
+                # A PS no node has room for says why (the scheduler's message).
+                unplaced = "".join(
+                    f"; {s.name} pending: {s.message}"
+                    for s in ps
+                    if s.phase is PodPhase.PENDING and s.message
+                )
                 raise JobFailedError(
-                    f"the PS did not start within {self.settings.startup_timeout_s:.0f}s"
+                    f"the PS did not start within {self.settings.startup_timeout_s:.0f}s{unplaced}"
                 )
             self.clock.sleep(0.05)
 

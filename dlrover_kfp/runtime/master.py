@@ -50,6 +50,7 @@ from dlrover_kfp.training.master_protocol import (
     SWITCH,
     USAGE,
 )
+from dlrover_kfp.training.supervisor import ASKED
 from dlrover_kfp.training.wire import Message, PeerInfo
 
 __all__ = [
@@ -185,6 +186,18 @@ class MasterState:
     #: per pod, its last two own usage reports: (master clock at arrival, cumulative CPU
     #: seconds, resident MiB, the pod's own clock at the reading)
     usage: dict[NodeId, list[tuple[float, float, float, float]]] = field(default_factory=dict)
+    #: PS of the set in use whose process's connection to the master dropped, by index: when
+    #: (master clock) and the address it served at. A PS ends with that connection, so its
+    #: process is gone (a crash, its pod's end, a stop); the elastic run's failure handling
+    #: reads it (:meth:`lost_ps`)
+    ps_lost: dict[int, tuple[float, tuple[str, int]]] = field(default_factory=dict)
+    #: PS processes restarted inside their pod (training/supervisor.py) that asked for their
+    #: configuration, by index: why the previous process ended (``asked``: the master asked)
+    restarting: dict[int, str] = field(default_factory=dict)
+    #: the master rolled the job back: restarted PS get their configuration (see _config)
+    restart_released: bool = False
+    #: per PS that registered after a restart, where it restored from (memory, volume, start)
+    restored_from: dict[int, str] = field(default_factory=dict)
 
     def self_reported_usage(
         self, now: float, max_age_s: float
@@ -239,6 +252,15 @@ class MasterState:
             for name, (samples, steps, loss, bad) in dict(extra.get("stats", {})).items()
         }
 
+    def lost_ps(self) -> dict[int, float]:
+        """The PS of the set in use whose process is gone, by index: when it went. A loss of a
+        process the set no longer names (a PS a change replaced, stopped after the master
+        saw it go) is dropped. Call with :attr:`lock` held."""
+        for k, (_, address) in list(self.ps_lost.items()):
+            if self.ps_addresses.get(k) != address:
+                del self.ps_lost[k]
+        return {k: at for k, (at, _) in self.ps_lost.items()}
+
     @property
     def all_ps_registered(self) -> bool:
         return len(self.ps_addresses) == self.num_ps
@@ -273,6 +295,14 @@ class MasterService:
         if worker is not None:
             with self.state.lock:
                 self.state.ledger.requeue(worker)
+        registered = peer.state.get("ps")
+        if registered is not None:
+            index, address = registered
+            with self.state.lock:
+                # Only the process serving as that PS now (its address is its own): a PS of an
+                # older set, or one whose index has registered again since, is no news.
+                if self.state.ps_addresses.get(index) == address:
+                    self.state.ps_lost.setdefault(index, (self.clock(), address))
 
     def _pausing(self) -> int | None:
         """The generation workers must pause for, if any (call with the lock held)."""
@@ -302,10 +332,17 @@ class MasterService:
                     raise ValueError(f"PS {index} is not replaced in generation {generation}")
                 switch.addresses[index] = address
                 switch.moved[index] = _moved(meta)
-            elif generation == self.state.generation:
+                peer.state["ps"] = (index, address)  # lost once it serves the set (on_disconnect)
+            elif generation == self.state.generation or index in self.state.restarting:
+                # (A PS restarted in its pod keeps the generation it was started with: a PS a
+                # live change kept is of an older one than the set's.)
                 if not 0 <= index < self.state.num_ps:
                     raise ValueError(f"PS index {index} out of range for {self.state.num_ps} PS")
                 self.state.ps_addresses[index] = address
+                peer.state["ps"] = (index, address)
+                restored = meta.get("restored")
+                if restored in ("memory", "volume", "start"):
+                    self.state.restored_from[index] = restored
             else:
                 raise ValueError(f"PS {index}: generation {generation} is not expected")
         return Message("ok", {}, ())
@@ -317,6 +354,8 @@ class MasterService:
         with self.state.lock:
             state = self.state
             switch = state.switch
+            if role == "ps" and "restart" in meta and generation <= state.generation:
+                return self._restart_config(index, meta)
             if role == "ps" and switch is not None and generation == switch.generation:
                 if index not in switch.replaced:
                     raise ValueError(f"PS {index} is not replaced in generation {generation}")
@@ -327,6 +366,29 @@ class MasterService:
                 state.configured[NodeId.worker(index).key] = state.generation
             addresses = [list(state.ps_addresses[k]) for k in sorted(state.ps_addresses)]
             config = {**state.job_config, "ps": addresses, "generation": state.generation}
+        return Message("config", config, ())
+
+    def _restart_config(self, index: int, meta: dict[str, Any]) -> Message:
+        """A PS process restarted inside its pod asks for its configuration (call with the
+        lock held): it waits until the master has rolled the job back (the elastic run's
+        failure handling sees it in ``restarting``), then gets the configuration that names
+        the committed checkpoint to restore."""
+        state = self.state
+        if not 0 <= index < state.num_ps:
+            raise ValueError(f"PS index {index} out of range for {state.num_ps} PS")
+        _int(meta, "restart", CONFIG)
+        cause = meta.get("cause")
+        cause = cause[:64] if isinstance(cause, str) else ""
+        # A PS that never served (it crashed starting) has nothing trained on it to roll
+        # back: it starts as any PS does. One that served, or that the master asked to
+        # restart, waits for the rollback.
+        served = index in state.ps_lost or index in state.ps_addresses
+        if served or cause == ASKED or index in state.restarting:
+            state.restarting.setdefault(index, cause)
+            if not state.restart_released:
+                return Message("config", {"wait": True}, ())
+        addresses = [list(state.ps_addresses[k]) for k in sorted(state.ps_addresses)]
+        config = {**state.job_config, "ps": addresses, "generation": state.generation}
         return Message("config", config, ())
 
     @staticmethod

@@ -16,8 +16,8 @@ network (COPYING: each is on *standby* once it has); the workers pause (PAUSING:
 its step, waits for its pushes and reports); released, the new PS fetch the rows updated since
 their copy from the now quiescent old PS and register (FINISHING); the workers get the new set
 and the old PS stop once they have persisted their last checkpoint (SWITCHED). A new PS that
-fails, freezes or does not come in time abandons the change: its pods stop, the old PS serve
-on, the generation stays.
+fails, freezes, stays Pending with no node to place it on (:data:`PENDING_S`) or does not come
+in time abandons the change: its pods stop, the old PS serve on, the generation stays.
 
 **Stop-first** (the quota cannot hold both)::
 
@@ -70,6 +70,14 @@ SILENT_S = 2.5 * USAGE_INTERVAL_S
 #: contended node ten times that. A pod still scheduled or pulling its image is not running
 #: yet: the startup timeout (startup_timeout_s, 180 s) covers that.
 FIRST_REPORT_S = 5 * USAGE_INTERVAL_S
+#: Seconds a new PS may stay Pending with no node to place it on (its scheduler's
+#: ``Unschedulable`` message) before the change is abandoned. The scheduler tries again as
+#: pods end or go, and the pods a plan gives up for the change (its removed workers) are gone
+#: within their grace period (10 s at most); past that, room would have to come from other
+#: jobs' pods ending, which may be never, and the change holds the master's loop meanwhile
+#: (no sample taken, no failure handled). A PS pending without that message (its image being
+#: pulled, its volume attached) is not unplaceable: the startup timeout covers it.
+PENDING_S = 30.0
 #: The loop turn of every wait on the new PS and the workers.
 _POLL_S = 0.005
 
@@ -366,6 +374,9 @@ class PsChange:
             failed = [s for s in statuses if s.phase.terminal]
             if failed:
                 return run.describe_failure(failed[0])
+            unplaced = self.unplaced(statuses)
+            if unplaced is not None:
+                return unplaced
             frozen = self.frozen(statuses)
             if frozen is not None:
                 pod, reason = frozen
@@ -374,6 +385,24 @@ class PsChange:
                 return reason
             run.clock.sleep(_POLL_S)
         return f"the new PS did not {what} within {run.settings.startup_timeout_s:.0f}s"
+
+    def unplaced(self, pods: Sequence[PodStatus]) -> str | None:
+        """Why the change gives up on a new PS that no node has room for: Pending, with the
+        scheduler's message saying so, for more than PENDING_S since it was launched. Only
+        while the old PS serve (live): stop-first has none to go back to, and waits on."""
+        if not self.live:
+            return None
+        now = self.run.clock.monotonic()
+        for pod in pods:
+            since = self.run.launched_at.get(pod.name)
+            if pod.phase is not PodPhase.PENDING or not pod.message or since is None:
+                continue
+            if now - since > PENDING_S:
+                return (
+                    f"new PS {pod.name} pending {now - since:.1f}s, placed on no node "
+                    f"({pod.message}); the old PS keep serving"
+                )
+        return None
 
     def frozen(self, pods: Sequence[PodStatus]) -> tuple[str, str] | None:
         """A new PS that is frozen, and why: running (by the backend) for FIRST_REPORT_S
@@ -519,6 +548,7 @@ def moved_detail(moved: Iterable[dict[str, float]]) -> str:
 
 __all__ = [
     "FIRST_REPORT_S",
+    "PENDING_S",
     "SILENT_S",
     "ChangeOutcome",
     "PsChange",

@@ -30,9 +30,10 @@ import psutil  # type: ignore[import-untyped, unused-ignore]
 
 from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.node_id import NodeId
-from dlrover_kfp.core.pod_env import POD_CPU_ENV
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import DlroverKfpError
+from dlrover_kfp.training import supervisor
+from dlrover_kfp.training.cpu_limit import PodCpu, env_cpu
 from dlrover_kfp.training.master_protocol import (
     CONFIG,
     GET_SHARD,
@@ -55,6 +56,7 @@ from dlrover_kfp.training.wire import (
 # them takes ~2 s of CPU, 8 s and more in a quarter-core pod, and a pod silent for that long
 # could not be told from a frozen one.
 if TYPE_CHECKING:
+    from dlrover_kfp.training.checkpoint import PsCheckpointer
     from dlrover_kfp.training.data import Batch
     from dlrover_kfp.training.ps_client import RemotePs
     from dlrover_kfp.training.ps_state import PsState
@@ -85,8 +87,10 @@ def _address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def torch_threads(role: str, env: Mapping[str, str]) -> int:
-    """torch intra-op threads for a process of ``role`` in a pod with ``env``.
+def torch_threads(role: str, env: Mapping[str, str], cpu: float | None = None) -> int:
+    """torch intra-op threads for a process of ``role`` in a pod with ``env`` and ``cpu``
+    cores now (:class:`~dlrover_kfp.training.cpu_limit.PodCpu`; the pod's
+    ``DLROVER_KFP_POD_CPU`` when not given).
 
     A worker runs ``floor(cpu)`` threads, at least one: a fractional pod (0.25, 0.5) runs one
     thread throttled by its quota, and the part of a core above a whole number goes to the
@@ -103,28 +107,48 @@ def torch_threads(role: str, env: Mapping[str, str]) -> int:
         return max(1, int(env[THREADS_ENV]))
     if role == "ps":
         return 1
-    try:
-        cpu = float(env.get(POD_CPU_ENV, "1"))
-    except ValueError:
-        cpu = 1.0
-    return max(1, math.floor(cpu + 1e-9))
+    cores = env_cpu(env) if cpu is None else cpu
+    return max(1, math.floor(cores + 1e-9))
 
 
-def _set_threads(role: str) -> None:
+def _set_threads(role: str, cpu: float) -> None:
     import torch  # noqa: PLC0415
 
-    torch.set_num_threads(torch_threads(role, os.environ))
+    torch.set_num_threads(torch_threads(role, os.environ, cpu))
     torch.set_num_interop_threads(1)
 
 
-def fetch_config(master: Connection, role: str, index: int, generation: int = 0) -> dict[str, Any]:
+def follow_cpu(name: str, cpu: PodCpu) -> None:
+    """Between two batches: when the pod's CPU changed in place (its quota; looked at every
+    :data:`~dlrover_kfp.training.cpu_limit.POLL_S` at most), the torch threads follow it by
+    :func:`torch_threads`'s rule. The process goes on: no restart, no shard read again."""
+    cores = cpu.changed()
+    if cores is None:
+        return
+    import torch  # noqa: PLC0415
+
+    threads = torch_threads("worker", os.environ, cores)
+    if threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+    log.info("%s: CPU now %g cores: %d torch threads", name, cores, torch.get_num_threads())
+
+
+def fetch_config(
+    master: Connection,
+    role: str,
+    index: int,
+    generation: int = 0,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The job configuration from the master, waiting until it can give one.
 
     A PS started for a live change of the PS set passes its ``generation``: it waits here,
-    started and ready, until the master releases it (runtime/master.py).
+    started and ready, until the master releases it (runtime/master.py); a PS restarted in its
+    pod says so in ``extra`` and waits until the master has rolled the job back.
     """
+    meta = {"role": role, "index": index, "generation": generation, **(extra or {})}
     while True:
-        reply = master.request(CONFIG, {"role": role, "index": index, "generation": generation})
+        reply = master.request(CONFIG, meta)
         if not reply.meta.get("wait"):
             return dict(reply.meta)
         time.sleep(0.05)
@@ -290,12 +314,15 @@ def _connect_ps(config: dict[str, Any], secret: bytes, synchronous: bool) -> Rem
     )
 
 
-def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> None:
+def run_worker(
+    index: int, master_address: tuple[str, int], secret: bytes, cpu: PodCpu | None = None
+) -> None:
     import torch  # noqa: PLC0415
 
     from dlrover_kfp.training.step import WorkerModel  # noqa: PLC0415
 
     name = NodeId.worker(index).key  # what it reports under to the master
+    cpu = cpu if cpu is not None else PodCpu(os.environ)
     # This process's own lease holder id (see runtime/master.py): a relaunch gets a new one.
     incarnation = f"{os.getpid()}-{secrets.token_hex(4)}"
     master = _reach(master_address, secret)
@@ -379,6 +406,7 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
         else model.train_pipelined(batches)
     )
     for (shard, size), loss in steps:
+        follow_cpu(name, cpu)
         shard.loss_sum += loss * size
         shard.trained += 1
         if shard.trained == shard.batches:
@@ -399,10 +427,10 @@ def run_worker(index: int, master_address: tuple[str, int], secret: bytes) -> No
 
 def _copied_state(
     master: Connection, index: int, generation: int, secret: bytes
-) -> tuple[dict[str, Any], PsState | None, dict[str, float] | None]:
+) -> tuple[dict[str, Any], PsState | None, dict[str, float] | None, PsCheckpointer | None]:
     """The configuration of a PS started for a change of the PS set (generation > 0) and, when
     the master moves the state over the network, the state copied from the old PS with what
-    the move carried (for REGISTER's ``moved``).
+    the move carried (for REGISTER's ``moved``) and its flash-checkpoint buffer.
 
     The master (runtime/master.py) answers ``{"wait": true, "copy": {config, "from",
     "from_num_ps"}}`` while training goes on: the PS copies its rows then (ps_transfer's first
@@ -411,11 +439,18 @@ def _copied_state(
     second pass) and serves. A final configuration without ``"migrate"`` is the stop-first
     path: the copy (if any) is dropped and the state restored from the checkpoint, as at any
     start. A source that does not answer ends this process with a TransferError (exit 2): the
-    master abandons the change."""
+    master abandons the change.
+
+    The buffer (pre-touched shared memory the size of the state: ~0.5-1 s a GiB) is built on
+    standby, after the copy and before the release, so that the workers' pause does not wait
+    for it. The release is polled every 50 ms: the master answers every request from one
+    thread (its wire server), so an answer held until the release would hold every worker's
+    request behind it; a poll costs the pause 25 ms on average."""
     from dlrover_kfp.training import ps_server, ps_transfer  # noqa: PLC0415
 
     meta: dict[str, Any] = {"role": "ps", "index": index, "generation": generation}
     copied: tuple[PsState, ps_transfer.TransferStats] | None = None
+    checkpointer: PsCheckpointer | None = None
     while True:
         reply = dict(master.request(CONFIG, meta).meta)
         if not reply.get("wait"):
@@ -426,11 +461,15 @@ def _copied_state(
             config = ps_server.ps_config(index, plan)
             copied = ps_transfer.copy_rows(config, sources, from_num_ps, secret, generation)
             meta["copied"] = True
+            # On standby from here: the buffer is built before the master hears it (the
+            # next request), while training goes on.
+            checkpointer = ps_server.new_checkpointer(index, plan, copied[0])
             continue
         time.sleep(0.05)
     migrate = reply.get("migrate")
     if not isinstance(migrate, dict):
-        return reply, None, None
+        _unlink(checkpointer)  # the stop-first path: the state is restored, its buffer built then
+        return reply, None, None, None
     sources, from_num_ps = _sources(migrate)
     if copied is None:  # released before it was asked to copy: all of it now
         copied = ps_transfer.copy_rows(
@@ -438,6 +477,7 @@ def _copied_state(
         )
     state, first = copied
     if state.config != ps_server.ps_config(index, reply):
+        _unlink(checkpointer)
         raise ps_transfer.TransferError(
             f"PS {index}: the copy was made for {state.config}, the master now configures "
             f"{ps_server.ps_config(index, reply)}"
@@ -462,7 +502,13 @@ def _copied_state(
         "resent_rows": float(second.rows),
         "resent_bytes": float(second.bytes),
     }
-    return reply, state, moved
+    return reply, state, moved, checkpointer
+
+
+def _unlink(checkpointer: PsCheckpointer | None) -> None:
+    """Remove a buffer built for a copy that is not served: the pod's memory holds one."""
+    if checkpointer is not None:
+        checkpointer.flash.unlink()
 
 
 def _sources(meta: dict[str, Any]) -> tuple[list[tuple[str, int]], int]:
@@ -470,14 +516,57 @@ def _sources(meta: dict[str, Any]) -> tuple[list[tuple[str, int]], int]:
     return [(str(h), int(p)) for h, p in meta["from"]], int(meta["from_num_ps"])
 
 
-def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generation: int = 0) -> None:
+def _restored_state(
+    master: Connection, index: int, generation: int, restarted: int, cause: str
+) -> tuple[dict[str, Any], PsState | None, str]:
+    """The configuration of a PS restarted inside its pod (:mod:`.supervisor`), the state it
+    restores, and from where (for REGISTER's ``restored``: ``memory``, ``volume``, ``start``).
+
+    It tells the master it is a restart (``restart``: how many times, ``cause``: why the last
+    process ended) and waits: the master rolls the job back to its last committed checkpoint
+    and then names it (``restore_choice``). This PS restores its own part of that step from
+    the snapshot its previous process left in the pod's shared memory when that is exactly the
+    committed part, else from the volume (:func:`~.checkpoint.restore_own_part`). Without a
+    committed checkpoint the job starts over: the state is built as at any start."""
+    from dlrover_kfp.training import checkpoint as ckpt  # noqa: PLC0415
+    from dlrover_kfp.training import ps_server  # noqa: PLC0415
+
+    extra = {"restart": restarted, "cause": cause[:64]}
+    config = fetch_config(master, "ps", index, generation, extra)
+    choice = config.get("restore_choice")
+    if not (config.get("restore") and config.get("checkpoint_dir") and isinstance(choice, dict)):
+        return config, None, "start"
+    state, from_memory = ckpt.restore_own_part(
+        config["checkpoint_dir"],
+        ps_server.ps_config(index, config),
+        str(config["job_id"]),
+        ckpt.CheckpointChoice.from_dict(choice),
+    )
+    return config, state, "memory" if from_memory else "volume"
+
+
+def run_ps(
+    index: int,
+    master_address: tuple[str, int],
+    secret: bytes,
+    generation: int = 0,
+    *,
+    restarted: int = 0,
+    cause: str = "",
+) -> bool:
+    """Serve as PS ``index`` until stopped; True when the master asked it to restart in its
+    pod. ``restarted``: how often its pod's supervisor started it again (and ``cause``: why)."""
     from dlrover_kfp.training import ps_server  # noqa: PLC0415
 
     master = _reach(master_address, secret)
     state: PsState | None = None
+    checkpointer: PsCheckpointer | None = None
     moved: dict[str, float] | None = None
-    if generation > 0:
-        config, state, moved = _copied_state(master, index, generation, secret)
+    restored: str | None = None
+    if restarted:
+        config, state, restored = _restored_state(master, index, generation, restarted, cause)
+    elif generation > 0:
+        config, state, moved, checkpointer = _copied_state(master, index, generation, secret)
     else:
         config = fetch_config(master, "ps", index, generation)
     host = advertise_host(master_address[0])
@@ -486,6 +575,8 @@ def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generatio
         meta: dict[str, Any] = {"index": index, "generation": generation, "address": [host, port]}
         if moved is not None:
             meta["moved"] = moved
+        if restored is not None:
+            meta["restored"] = restored
         master.request(REGISTER, meta)
 
     def stop_with_the_master(server: Server) -> None:
@@ -506,7 +597,7 @@ def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generatio
 
         threading.Thread(target=watch, name="master-watch", daemon=True).start()
 
-    ps_server.serve(
+    restart = ps_server.serve(
         index,
         config,
         secret,
@@ -514,8 +605,10 @@ def run_ps(index: int, master_address: tuple[str, int], secret: bytes, generatio
         bind_host=host,
         on_serving=stop_with_the_master,
         state=state,
+        checkpointer=checkpointer,
     )
     master.close()
+    return restart
 
 
 def own_usage() -> tuple[float, float, float]:
@@ -605,11 +698,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             name="usage",
             daemon=True,
         ).start()
-        _set_threads(args.role)
+        cpu = PodCpu(os.environ)
+        _set_threads(args.role, cpu.cores)
         if args.role == "ps":
-            run_ps(args.index, args.master, secret, args.generation)
+            restart = run_ps(
+                args.index,
+                args.master,
+                secret,
+                args.generation,
+                restarted=supervisor.restarts(os.environ),
+                cause=os.environ.get(supervisor.CAUSE_ENV, ""),
+            )
+            if restart:
+                return supervisor.RESTART_EXIT
         else:
-            run_worker(args.index, args.master, secret)
+            run_worker(args.index, args.master, secret, cpu)
     except DlroverKfpError as exc:
         log.error("%s", exc)
         return 2 if not exc.retryable else 75

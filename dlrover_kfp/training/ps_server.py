@@ -8,6 +8,12 @@ Requests (over :mod:`dlrover_kfp.training.wire`):
   memory now (training on this PS pauses for the copy only) and persist it in the background;
 * ``checkpoint_status`` -> ``{"done": bool, "part": {...}}`` once the persist has finished;
 * ``stats`` -> counters; ``shutdown`` -> ``ok``, then the server stops;
+* ``restart`` -> ``ok``, then the server stops and the process exits to be started again in its
+  pod (:mod:`.supervisor`), restoring the step the master rolls the job back to;
+* ``restore`` meta ``{"choice": {...} | null}`` -> ``ok`` ``{"source", "seconds"}``: roll the
+  running state back to its part of the committed checkpoint ``choice`` (null: the job's start)
+  while no request runs (the gate, as for a checkpoint), from this PS's own snapshot buffer when
+  it holds exactly that part, else the volume; the process, its port and its buffer stay;
 * ``transfer_*``: this PS's rows to the PS that replace it (:mod:`.transfer_protocol`).
 
 **Parallelism.** Every connection (one per worker, plus the master's) is served on its own
@@ -57,14 +63,19 @@ import torch
 
 from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.partition import Partition, overlap
-from dlrover_kfp.core.pod_env import POD_CPU_ENV
 from dlrover_kfp.core.spec import ModelSpec
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training import transfer_protocol as transfer
+from dlrover_kfp.training.cpu_limit import PodCpu, env_cpu
 from dlrover_kfp.training.ps_state import PsConfig, PsState
 from dlrover_kfp.training.wire import Message, PeerInfo, Server
 
 log = logging.getLogger("dlrover_kfp.ps")
+
+#: The request that makes a PS restart in its pod (runtime/checkpoints.py sends it).
+RESTART = "restart"
+#: The request that rolls a running PS back to a committed checkpoint (runtime/checkpoints.py).
+RESTORE = "restore"
 
 
 class Gate:
@@ -123,6 +134,8 @@ class PsService:
         self.rows_served = 0
         self.transfer_bytes = 0
         self.busy_s = 0.0
+        #: the master asked this PS to restart in its pod (a ``restart`` request)
+        self.restart_asked = False
 
     def handle(self, peer: PeerInfo, msg: Message) -> Message | None:
         began = time.perf_counter()
@@ -130,6 +143,9 @@ class PsService:
             if msg.kind == "checkpoint":
                 with self.gate.exclusive():
                     return self._checkpoint(msg)
+            if msg.kind == RESTORE:
+                with self.gate.exclusive():
+                    return self._restore(msg)
             with self.gate.shared():
                 return self._dispatch(msg)
         finally:
@@ -215,15 +231,18 @@ class PsService:
             return Message("ok", {}, ())
         if kind.startswith("transfer_"):
             return self._transfer(kind, msg.meta)
-        if kind == "checkpoint":  # only through handle(), which holds the gate exclusively
-            raise RuntimeError("checkpoint must be dispatched by handle()")
+        if kind in ("checkpoint", RESTORE):  # only through handle(), holding the gate
+            raise RuntimeError(f"{kind} must be dispatched by handle()")
         if kind == "checkpoint_status":
             if self.checkpointer is None:
                 raise ValueError("this PS was started without a checkpoint directory")
             return Message("checkpoint_status", self.checkpointer.status(), ())
         if kind == "stats":
             return Message("stats", self.stats(), ())
-        if kind == "shutdown":
+        if kind in ("shutdown", RESTART):
+            # restart: the master rolls every PS back to one committed step; this process
+            # ends and its pod's supervisor starts it again (serve() returns True).
+            self.restart_asked = self.restart_asked or kind == RESTART
             if self.server is not None:
                 self.server.stop()
             return Message("ok", {}, ())
@@ -283,6 +302,34 @@ class PsService:
         blocked = self.checkpointer.snapshot(step, self.state)
         return Message("ok", {"blocked_s": blocked}, ())
 
+    def _restore(self, msg: Message) -> Message:
+        """The state rolled back to the committed checkpoint the master names, in place.
+
+        Another PS of the job crashed and the master rolls every PS back to the same committed
+        step: this one, still running, restores its part without a new process (the start of
+        one, the interpreter and torch, is seconds at a fraction of a core), from the snapshot
+        in its own buffer when that is the committed part, else from the volume
+        (:meth:`~.checkpoint.PsCheckpointer.restore`). With no checkpoint committed yet
+        (``choice`` null) the job starts over: the state is initialised as at a start."""
+        if self.checkpointer is None:
+            raise ValueError("this PS was started without a checkpoint directory")
+        raw = msg.meta.get("choice")
+        if raw is not None and not isinstance(raw, dict):
+            raise ValueError(f"{RESTORE}: meta key 'choice' must be an object or null, got {raw!r}")
+        began = time.perf_counter()
+        if raw is None:
+            fresh = PsState(self.state.config).arrays()
+            self.state.untrack()
+            for name, tensor in self.state.arrays().items():
+                tensor.copy_(fresh[name])
+            source = "start"
+        else:
+            choice = ckpt.CheckpointChoice.from_dict(raw)
+            source = "memory" if self.checkpointer.restore(self.state, choice) else "volume"
+        seconds = time.perf_counter() - began
+        log.info("PS %d: rolled back from %s in %.3fs", self.state.config.ps_index, source, seconds)
+        return Message("ok", {"source": source, "seconds": seconds}, ())
+
     def stats(self) -> dict[str, Any]:
         return {
             "ps_index": self.state.config.ps_index,
@@ -332,17 +379,36 @@ def build_state(index: int, config: dict[str, Any]) -> PsState:
     return PsState(own)
 
 
-def snapshot_copy_threads(env: Mapping[str, str]) -> int:
-    """Threads for the snapshot copy: the pod's whole CPU (at most 4), since training is paused.
+def snapshot_copy_threads(env: Mapping[str, str], cpu: float | None = None) -> int:
+    """Threads for the snapshot copy: the pod's whole CPU (at most 4), since training is paused;
+    ``cpu``: its cores now (:class:`~dlrover_kfp.training.cpu_limit.PodCpu`), else
+    ``DLROVER_KFP_POD_CPU``.
 
     Two threads cut the pause for 1 GiB from ~0.09 s to ~0.06 s here; more than the pod's CPU
-    would only be throttled.
+    would only be throttled. The count is fixed when the PS starts (the copy's thread pool is
+    made with the buffer). A PS's CPU does not change under it: a PS of a new size is a new pod
+    (core/reconcile.py migrates PS; only workers are resized in place), and its serving threads
+    are one per connection, not sized by CPU: the quota bounds how many run at once.
     """
-    try:
-        cpu = float(env.get(POD_CPU_ENV, "1"))
-    except ValueError:
-        cpu = 1.0
-    return max(1, min(4, math.ceil(cpu)))
+    cores = env_cpu(env) if cpu is None else cpu
+    return max(1, min(4, math.ceil(cores)))
+
+
+def new_checkpointer(
+    index: int, config: dict[str, Any], state: PsState
+) -> ckpt.PsCheckpointer | None:
+    """PS ``index``'s flash-checkpoint buffer, sized for ``state`` (None: the job keeps no
+    checkpoints). Reserving and pre-touching it costs ~0.5-1 s a GiB
+    (:class:`~.checkpoint.shm.ShmSnapshot`): a PS that can, builds it before it is awaited."""
+    if not config.get("checkpoint_dir"):
+        return None
+    return ckpt.PsCheckpointer(
+        config["checkpoint_dir"],
+        str(config["job_id"]),
+        index,
+        state,
+        copy_threads=snapshot_copy_threads(os.environ, PodCpu(os.environ).cores),
+    )
 
 
 def serve(
@@ -354,21 +420,16 @@ def serve(
     bind_host: str = "127.0.0.1",
     on_serving: Callable[[Server], None] | None = None,
     state: PsState | None = None,
-) -> None:
-    """Build the state (unless given: one copied from the PS this one replaces), listen, tell
-    the master where, and serve until ``shutdown`` (``on_serving`` gets the server once
-    registered: to stop it from elsewhere)."""
+    checkpointer: ckpt.PsCheckpointer | None = None,
+) -> bool:
+    """Build the state (unless given: one copied from the PS this one replaces) and its
+    checkpoint buffer (unless given: one the new PS of a move built on standby), listen, tell
+    the master where, and serve until ``shutdown`` or ``restart`` (``on_serving`` gets the
+    server once registered: to stop it from elsewhere). True when it was asked to restart."""
     if state is None:
         state = build_state(index, config)
-    checkpointer = None
-    if config.get("checkpoint_dir"):
-        checkpointer = ckpt.PsCheckpointer(
-            config["checkpoint_dir"],
-            str(config["job_id"]),
-            index,
-            state,
-            copy_threads=snapshot_copy_threads(os.environ),
-        )
+    if checkpointer is None:
+        checkpointer = new_checkpointer(index, config, state)
     service = PsService(state, checkpointer)
     server = Server((bind_host, 0), secret, service.handle, threaded=True)
     service.server = server
@@ -389,3 +450,4 @@ def serve(
         if checkpointer is not None:
             checkpointer.close()
         server.close()
+    return service.restart_asked

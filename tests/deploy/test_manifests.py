@@ -46,6 +46,7 @@ KUBERNETES_VERSION = "1.30"
 #: Kept here as the test's own copy, independent of deploy/rbac.yaml.
 EXPECTED_RULES: dict[tuple[str, str], frozenset[str]] = {
     ("", "pods"): frozenset({"create", "get", "list", "watch", "delete"}),
+    ("", "pods/resize"): frozenset({"patch"}),
     ("", "secrets"): frozenset({"create", "update", "delete"}),
     ("metrics.k8s.io", "pods"): frozenset({"list"}),
     ("coordination.k8s.io", "leases"): frozenset({"get", "create", "update", "delete"}),

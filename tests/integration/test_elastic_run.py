@@ -116,11 +116,12 @@ def test_an_under_provisioned_job_is_scaled_up_and_trains_every_row_once(tmp_pat
         assert cpu[i] <= 2.0 + 1e-9
     assert any(e.kind == "scale" for e in profile.events)
 
-    # Faster: the steady samples/s of a shape from the second step on against the first
-    # shape's. A shape's steady samples leave out its start-up (the samples up to and including
-    # its first with progress) and its last (it ends mid-interval, at the next step or the
-    # run's end). The newest shape with two steady samples is compared: on a slow machine a
-    # third step can come too close to the end to have any.
+    # Faster: the steady samples/s of a scaled shape against the first shape's. A shape's
+    # steady samples leave out its start-up (the samples up to and including its first with
+    # progress) and its last (it ends mid-interval, at the next step or the run's end). The
+    # fastest shape with two steady samples is compared: a step can come too close to the end
+    # to have any (with in-place resizes the steps come sooner, and the second one came 3 s
+    # before the end in a run where the first had already doubled the speed).
     def steady(samples: list[float]) -> list[float]:
         first = next((i for i, x in enumerate(samples) if x > 0), len(samples))
         return samples[first + 1 : -1]
@@ -130,9 +131,13 @@ def test_an_under_provisioned_job_is_scaled_up_and_trains_every_row_once(tmp_pat
         steady([s.throughput for s in profile.samples if a < s.time <= b])
         for a, b in itertools.pairwise(bounds)
     ]
-    scaled = [shape for shape in shapes[2:] if len(shape) >= 2]
-    assert shapes[0] and scaled, profile.samples
-    assert statistics.median(scaled[-1]) >= 2 * statistics.median(shapes[0]), shapes
+    scaled = [shape for shape in shapes[1:] if len(shape) >= 2]
+    assert shapes[0] and scaled, (shapes, [(p.time, p.reason) for p in profile.plans])
+    # The first step alone doubles the worker's CPU (0.25 -> 0.5, the PS kept at 0.25): 2x
+    # at best, measured 1.98-2.4x; later steps, when the run lasts long enough to measure
+    # them, more. 1.8x is the first step's doubling less the noise of two-sample medians.
+    best = max(statistics.median(shape) for shape in scaled)
+    assert best >= 1.8 * statistics.median(shapes[0]), shapes
     assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
 
 

@@ -59,10 +59,11 @@ def _spec(rows: int, workers: str, ps: str) -> JobSpec:
 
 
 def _freeze(backend: LocalBackend, pod: str) -> float:
-    """SIGSTOP the pod's process; when (monotonic, the runs' clock)."""
+    """SIGSTOP the pod's processes (a PS pod's supervisor and its PS: the pod's process
+    group); when (monotonic, the runs' clock)."""
     pid = backend.pid_of(pod)
     assert pid is not None, pod
-    os.kill(pid, signal.SIGSTOP)
+    os.killpg(pid, signal.SIGSTOP)
     return time.monotonic()
 
 

@@ -461,3 +461,59 @@ def test_a_pod_failing_on_its_own_fails_the_job_at_the_budget(tmp_path: Path) ->
     assert all(d.counted for d in _stop_worker_1(run, "Error", times=2))  # failures 1, 2 of 3
     with pytest.raises(JobFailedError, match="failed 3 times within 600 s"):
         _stop_worker_1(run, "Error", times=1, first=2)
+
+
+# -- a worker's CPU changed in place ------------------------------------------------------------
+
+
+def _cpu_to(run: Run, cpu: float) -> None:
+    """The policy applies a plan that changes only the workers' CPU."""
+    workers = dataclasses.replace(run.workers, cpu=cpu)
+    run.policy._apply(run.state, dataclasses.replace(run.policy.plan, workers=workers))
+
+
+def _requested(run: Run, index: int) -> float | None:
+    """The requested CPU the run's next sample gives worker ``index`` (from its own reports:
+    RunningPods measures nothing)."""
+    now = run.clock.monotonic()
+    run.state.usage[NodeId.worker(index)] = [(now - 1, 10.0, 300.0, 1.0), (now, 10.5, 300.0, 2.0)]
+    run._sample(run.state, run.t(), (run.t() - 1, 0, 0.0))
+    node = next(n for n in run.samples[-1].nodes if n.name == run.worker_name(index))
+    return node.cpu_requested
+
+
+def test_a_worker_cpu_change_resizes_the_running_pods_in_place(tmp_path: Path) -> None:
+    run, _, pods = _run(tmp_path)
+    run.start = run.clock.monotonic()
+    started = list(pods.launched)
+    _cpu_to(run, 2.0)
+    # The same pods go on: nothing stopped, nothing started, the new limits on each.
+    assert pods.launched == started and run.stopping == set()
+    names = [run.worker_name(k) for k in range(2)]
+    assert [pods.limits[n] for n in names] == [(2.0, 1024)] * 2
+    assert [(e.kind, e.node, e.detail) for e in run.events] == [
+        ("scale", n, f"{n} resized in place to 2 cpu in 0.25s") for n in names
+    ]
+    assert run.workers.cpu == 2.0 and run.policy.resize_in_place
+    assert _requested(run, 0) == 2.0
+
+
+def test_a_refused_resize_replaces_the_worker_and_prices_later_changes_as_replacements(
+    tmp_path: Path,
+) -> None:
+    run, _, pods = _run(tmp_path)
+    run.start = run.clock.monotonic()
+    pods.refuse_resize = "the API has no resize subresource (404)"
+    started = list(pods.launched)
+    _cpu_to(run, 2.0)
+    names = [run.worker_name(k) for k in range(2)]
+    # Each stopped and started again at the new size (RunningPods keeps no deleted pod).
+    assert pods.launched == [*started, *names]
+    assert all(n in pods.pods for n in names)
+    assert [pods.limits[n] for n in names] == [(2.0, 1024)] * 2
+    assert [e.detail for e in run.events] == [
+        f"{n}: in-place resize refused (the API has no resize subresource (404)): replaced"
+        for n in names
+    ]
+    assert not run.policy.resize_in_place
+    assert _requested(run, 1) == 2.0

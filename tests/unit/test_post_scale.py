@@ -364,6 +364,24 @@ def test_pending_too_long_relaunches_smaller() -> None:
     assert decide(samples(2), pending={"job-worker-3": S.pending_timeout_s - 1}) is None
 
 
+def test_a_pod_pending_too_long_says_why_the_scheduler_left_it_unplaced() -> None:
+    """The reason names how long it waited and the cluster's words, also with no samples yet
+    (every worker of a new job pending: nothing has trained)."""
+    why = "0/2 nodes are available: 2 Insufficient cpu."
+    waited = S.pending_timeout_s + 5
+    observed = Instability(
+        (), pending_s={"job-worker-3": waited}, pending_why={"job-worker-3": why}
+    )
+    plan = post_scale(CTX, PLAN, observed, 0.0, SETTINGS)
+    assert plan is not None
+    (action,) = plan.actions
+    assert (action.kind, action.node) == ("relaunch", "job-worker-3")
+    assert action.reason == (
+        f"pending {waited:.0f}s (> {S.pending_timeout_s:.0f}s; the scheduler: {why!r}): "
+        "relaunch smaller so that it fits a node"
+    )
+
+
 def test_growth_inside_a_full_quota_gives_up_workers() -> None:
     full = ResourcePlan(
         workers=NodeGroup(count=10, cpu=4.0, memory_mb=4096),

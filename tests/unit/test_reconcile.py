@@ -5,7 +5,15 @@ from __future__ import annotations
 import random
 
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
-from dlrover_kfp.core.reconcile import ChangeKind, Pod, PodChange, move_ps, reconcile
+from dlrover_kfp.core.reconcile import (
+    ChangeKind,
+    Pod,
+    PodChange,
+    in_place,
+    move_ps,
+    plan_pods,
+    reconcile,
+)
 
 
 def _plan(w: tuple[int, float, int], p: tuple[int, float, int]) -> ResourcePlan:
@@ -17,12 +25,7 @@ def _plan(w: tuple[int, float, int], p: tuple[int, float, int]) -> ResourcePlan:
     )
 
 
-def _pods(plan: ResourcePlan) -> list[Pod]:
-    return [
-        Pod(role=role, index=k, cpu=group.cpu, memory_mb=group.memory_mb)
-        for role, group in (("worker", plan.workers), ("ps", plan.ps))
-        for k in range(group.count)
-    ]
+_pods = plan_pods
 
 
 def _apply(
@@ -41,6 +44,11 @@ def _apply(
     for c in changes:
         if c.kind is ChangeKind.REMOVE_WORKER:
             del state[f"worker-{c.index}"]
+        elif c.kind is ChangeKind.RESIZE_WORKER:
+            # In place: the same pod, its memory never lowered (Kubernetes refuses that).
+            old = state[f"worker-{c.index}"]
+            assert c.memory_mb >= old.memory_mb, (old, c)
+            state[old.name] = Pod(role="worker", index=c.index, cpu=c.cpu, memory_mb=c.memory_mb)
         elif c.kind is ChangeKind.ADD_WORKER:
             state[f"worker-{c.index}"] = Pod(
                 role="worker", index=c.index, cpu=c.cpu, memory_mb=c.memory_mb
@@ -85,8 +93,8 @@ def test_growing_workers_adds_the_missing_ones() -> None:
     ]
 
 
-def test_resizing_replaces_removes_first_and_migrates_ps_live_when_there_is_room() -> None:
-    before, after = _plan((3, 1.0, 2048), (1, 1.0, 4096)), _plan((2, 2.0, 2048), (1, 2.0, 4096))
+def test_a_worker_memory_cut_replaces_removes_first_and_migrates_ps_live_with_room() -> None:
+    before, after = _plan((3, 1.0, 2048), (1, 1.0, 4096)), _plan((2, 2.0, 1024), (1, 2.0, 4096))
     changes = reconcile(_pods(before), after, 16, 1 << 20)
     assert [(c.kind, c.index) for c in changes] == [
         (ChangeKind.REMOVE_WORKER, 2),
@@ -104,6 +112,27 @@ def test_resizing_replaces_removes_first_and_migrates_ps_live_when_there_is_room
     assert [(c.kind, c.live) for c in tight] == [(ChangeKind.MIGRATE_PS, False)]
 
 
+def test_a_worker_cpu_change_is_an_in_place_resize_cuts_first_growths_last() -> None:
+    # CPU up, memory kept: resized in place after the PS change, nothing removed or added.
+    before, after = _plan((2, 1.0, 2048), (1, 1.0, 4096)), _plan((2, 2.0, 2048), (1, 2.0, 4096))
+    changes = reconcile(_pods(before), after, 16, 1 << 20)
+    assert [(c.kind, c.index, c.cpu, c.memory_mb) for c in changes] == [
+        (ChangeKind.MIGRATE_PS, 0, 2.0, 4096),
+        (ChangeKind.RESIZE_WORKER, 0, 2.0, 2048),
+        (ChangeKind.RESIZE_WORKER, 1, 2.0, 2048),
+    ]
+    # CPU down, memory up: the CPU cut goes first (it frees quota for the PS), the memory
+    # growth last, each in place.
+    bigger_ps = _plan((1, 1.0, 3072), (1, 2.0, 4096))
+    cut = reconcile(_pods(_plan((1, 2.0, 2048), (1, 1.0, 4096))), bigger_ps, 3, 1 << 20)
+    assert [(c.kind, c.cpu, c.memory_mb, c.live) for c in cut] == [
+        (ChangeKind.RESIZE_WORKER, 1.0, 2048, False),
+        (ChangeKind.MIGRATE_PS, 2.0, 4096, False),
+        (ChangeKind.RESIZE_WORKER, 1.0, 3072, False),
+    ]
+    assert cut[0].reason == "worker-0: 2 -> 1 cpu in place"
+
+
 def test_a_ps_count_change_is_one_repartition() -> None:
     before, after = _plan((2, 1.0, 2048), (1, 1.0, 8192)), _plan((2, 1.0, 2048), (2, 1.0, 4608))
     changes = reconcile(_pods(before), after, 16, 1 << 20)
@@ -114,11 +143,12 @@ def test_property_reaches_the_target_and_never_leaves_the_quota() -> None:
     # 3,000 random (current, target) pairs: the target changes each of worker count, worker
     # size, PS count and PS size with probability 1/2, and the quota leaves 0-4 cores and
     # 0-8 GiB above the larger end, so that it is often tight. The changes end exactly at the
-    # target, never pass through a state above the quota, and remove no worker that matches.
+    # target, never pass through a state above the quota, remove no worker that matches, and
+    # resize in place (never lowering memory) every kept worker whose memory does not shrink.
     rng = random.Random(11)
     sizes = [0.5, 1.0, 2.0, 4.0]
     mems = [1024, 2048, 4096, 8192]
-    stop_and_restart = 0
+    stop_and_restart = resizes = 0
     for _ in range(3000):
         w = (rng.randint(1, 12), rng.choice(sizes), rng.choice(mems))
         p = (rng.randint(1, 4), rng.choice(sizes), rng.choice(mems))
@@ -156,8 +186,18 @@ def test_property_reaches_the_target_and_never_leaves_the_quota() -> None:
         }
         removed = {f"worker-{c.index}" for c in changes if c.kind is ChangeKind.REMOVE_WORKER}
         assert not kept & removed
-    # The tight quotas do force stop-and-restart PS changes: the live rule is exercised.
+        # A worker that stays and whose memory does not shrink is resized, never replaced.
+        in_place = {
+            f"worker-{k}"
+            for k in range(min(before.workers.count, after.workers.count))
+            if after.workers.memory_mb >= before.workers.memory_mb
+        }
+        assert not in_place & removed, changes
+        resizes += sum(1 for c in changes if c.kind is ChangeKind.RESIZE_WORKER)
+    # The tight quotas do force stop-and-restart PS changes: the live rule is exercised; and
+    # so are the in-place resizes.
     assert stop_and_restart > 100
+    assert resizes > 1000
 
 
 def test_moving_a_ps_is_live_only_when_the_quota_holds_the_new_pod_beside_the_old() -> None:
@@ -183,3 +223,13 @@ def test_moving_a_ps_that_is_not_running_is_refused() -> None:
         assert "ps-3" in str(exc)
     else:
         raise AssertionError("moving ps-3 was accepted")
+
+
+def test_a_step_is_in_place_when_only_worker_cpu_or_memory_growth_changes() -> None:
+    base = _plan((2, 1.0, 2048), (1, 1.0, 4096))
+    assert in_place(base, _plan((2, 2.0, 2048), (1, 1.0, 4096)))
+    assert in_place(base, _plan((2, 0.5, 4096), (1, 1.0, 4096)))
+    assert not in_place(base, base)  # no change at all
+    assert not in_place(base, _plan((2, 2.0, 1024), (1, 1.0, 4096)))  # memory down: replaced
+    assert not in_place(base, _plan((3, 2.0, 2048), (1, 1.0, 4096)))  # a worker added
+    assert not in_place(base, _plan((2, 2.0, 2048), (1, 2.0, 4096)))  # a PS migrated

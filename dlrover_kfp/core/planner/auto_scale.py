@@ -2,8 +2,9 @@
 
 observe (samples) -> decide (this module, pure) -> apply (the runtime). Each decision:
 
-1. waits until the last change has had ``min_interval_s`` and the current configuration has
-   ``min_samples`` samples, so that a plan is judged on steady-state throughput;
+1. waits until the last change has had ``min_interval_s`` (``in_place_min_interval_s`` after
+   an in-place resize: nothing restarted) and the current configuration has ``min_samples``
+   samples, so that a plan is judged on steady-state throughput;
 2. rolls the last change back if it did not deliver: a step that raised the job's cost must
    measure at least ``min_gain / 2`` more throughput; a step that lowered it (a give-back, a
    probe) may measure at most ``give_back_tolerance`` below what it promised;
@@ -13,7 +14,9 @@ observe (samples) -> decide (this module, pure) -> apply (the runtime). Each dec
    giving a pod less CPU than it uses, for growth only within a trust region
    (``max_job_cpu_growth`` times the most CPU the job was measured with), and never back to
    a configuration the job abandoned (usage.abandoned_configs: no thrashing);
-5. grows if that promises ``min_gain`` more throughput; gives back if it saves
+5. grows if that promises ``min_gain`` more throughput (``in_place_min_gain`` when the step
+   only resizes the workers' CPU in place: it pays no restart and no re-read); gives back if it
+   saves
    ``min_saving`` of the cost within the objective's loss bound;
 6. otherwise, if a role leaves CPU idle and has never been measured with less, probes: cuts
    that role's CPU per pod (to ``probe_factor`` of it, not below mean use x 1.25) and lets the
@@ -31,6 +34,7 @@ job has measured, the ratio of the measurements.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -50,6 +54,7 @@ from dlrover_kfp.core.planner.search import (
 )
 from dlrover_kfp.core.planner.settings import AutoScaleSettings, PlannerSettings
 from dlrover_kfp.core.profile import RuntimeSample
+from dlrover_kfp.core.reconcile import in_place
 from dlrover_kfp.core.usage import (
     abandoned_configs,
     capped_observations,
@@ -76,6 +81,9 @@ class ScalingStep:
     kind: StepKind = "grow"
     #: samples/s the step was predicted to reach (the plan's ``predicted_throughput``)
     expected: float | None = None
+    #: applied in place (the workers resized, nothing restarted): judged and followed at an
+    #: in-place step's cost (``in_place_min_gain``, ``in_place_min_interval_s``)
+    in_place: bool = False
 
 
 def throughput_before(samples: Sequence[RuntimeSample], settings: PlannerSettings) -> float:
@@ -90,12 +98,14 @@ def throughput_before(samples: Sequence[RuntimeSample], settings: PlannerSetting
 @dataclass(frozen=True, slots=True)
 class AutoScaleDecision:
     """``plan`` is None when the current plan should stand; ``reason`` says why either way.
-    ``kind`` tells the caller how to record the step (see :class:`ScalingStep`)."""
+    ``kind`` tells the caller how to record the step (see :class:`ScalingStep`); ``in_place``
+    whether it was priced as an in-place resize (the caller records whether it was one)."""
 
     plan: ResourcePlan | None
     reason: str
     model: PerfModel | None = None
     kind: StepKind = "grow"
+    in_place: bool = False
 
 
 def plan_config(plan: ResourcePlan) -> Config:
@@ -158,8 +168,9 @@ def _judge(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | No
     """Why the last step should be undone, or None if it stands.
 
     A growth step must pay: it must measure at least ``min_gain / 2`` more throughput (else it
-    holds resources for nothing). A give-back step must keep what it promised, the lower of
-    its prediction and the throughput before it, within ``give_back_tolerance``. A memory
+    holds resources for nothing; ``in_place_min_gain / 2`` for an in-place one, which cost
+    nothing else). A give-back step must keep what it promised, the lower of its prediction
+    and the throughput before it, within ``give_back_tolerance``. A memory
     step is not judged by small changes (memory does not set the speed, and noise would undo
     it) but is undone when throughput falls ``rollback_drop`` after it: a pod squeezed into
     swapping or collector thrash. A rollback is never undone: it returned to a configuration
@@ -171,7 +182,7 @@ def _judge(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | No
     if step.throughput_before <= 0 or step.kind == "rollback":
         return None
     change = measured / step.throughput_before - 1
-    if step.kind == "grow" and change < s.min_gain / 2:
+    if step.kind == "grow" and change < _min_gain(s, step.in_place) / 2:
         return f"the last growth step measured {change:+.1%}, not the gain it was for"
     promised = step.throughput_before
     if step.expected is not None and step.expected > 0:
@@ -186,6 +197,18 @@ def _judge(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | No
     return None
 
 
+def _min_gain(s: AutoScaleSettings, in_place: bool) -> float:
+    """The gain a growth step must promise: less for one applied in place (its settings)."""
+    return s.in_place_min_gain if in_place else s.min_gain
+
+
+def _min_interval_s(s: AutoScaleSettings, last_step: ScalingStep) -> float:
+    """Seconds from ``last_step`` to the next plan: shorter after an in-place one."""
+    if last_step.in_place:
+        return min(s.min_interval_s, s.in_place_min_interval_s)
+    return s.min_interval_s
+
+
 def auto_scale(
     ctx: PlanningContext,
     current: ResourcePlan,
@@ -196,14 +219,23 @@ def auto_scale(
     last_step: ScalingStep | None = None,
     prior: PerfModel = PRIOR,
     known: Sequence[Observation] = (),
+    resize_in_place: bool = False,
 ) -> AutoScaleDecision:
     """One Stage-2 decision (see the module docstring). ``known`` holds observations of
     similar finished jobs (from the history): measured points the model and the probes can
-    use, so that a recurring job does not re-learn what its earlier runs measured."""
+    use, so that a recurring job does not re-learn what its earlier runs measured.
+
+    ``resize_in_place``: the caller applies a change of the workers' CPU in place (its backend
+    resizes running pods). Such a step (core/reconcile.py ``in_place``) costs no restart and
+    no data re-read, so it needs only ``in_place_min_gain`` and is followed after
+    ``in_place_min_interval_s`` (the settings say why). The job master passes what it has
+    learned: True until the backend refuses a resize, then False for the rest of the run,
+    every CPU change priced as the replacement it will be. The simulator, whose pods are
+    replaced, leaves it False."""
     s = settings.auto_scale
     cur = plan_config(current)
     since = last_step.time if last_step is not None else 0.0
-    if last_step is not None and now - last_step.time < s.min_interval_s:
+    if last_step is not None and now - last_step.time < _min_interval_s(s, last_step):
         return AutoScaleDecision(None, f"waiting: last plan {now - last_step.time:.0f}s ago")
     at_current = [x for x in samples if x.time >= since and config_of(x) == cur]
     if len(at_current) < s.min_samples:
@@ -227,6 +259,7 @@ def auto_scale(
                 ),
                 "rollback",
                 kind="rollback",
+                in_place=resize_in_place and in_place(current, back),
             )
 
     own_observations = observations_from_samples(samples, ctx.batch_size)
@@ -277,7 +310,12 @@ def auto_scale(
     cur_cost = ctx.dominant_share(current.total_cpu, current.total_memory_mb)
     max_loss = s.max_loss if s.objective == "fastest" else 1 - s.throughput_floor
     kind: StepKind
-    if gain >= 1 + s.min_gain:
+    # The target's cost of change: an in-place resize of the workers, or a replacement.
+    target_in_place = resize_in_place and in_place(
+        current,
+        _plan(current, _groups(target.config, memory, ctx, target.config, target.ps_memory_mb)),
+    )
+    if gain >= 1 + _min_gain(s, target_in_place):
         step = target.config
         why = f"model predicts {gain - 1:+.0%} throughput"
         if target.cost < cur_cost:
@@ -307,18 +345,21 @@ def auto_scale(
     stepped = Config(workers.count, ps.count, workers.cpu, ps.cpu)
     # The promise a give-back is judged by: the gain the decision was made on.
     predicted = measured * (gain if stepped == target.config else predict(stepped) / x_cur)
-    return AutoScaleDecision(
-        ResourcePlan(
-            workers=workers,
-            ps=ps,
-            stage=Stage.AUTO_SCALE,
-            reason=f"auto-scale {describe(cur)} -> {describe(stepped)}: {why}",
-            predicted_throughput=round(predicted, 1),
-        ),
-        why,
-        model,
-        kind=kind,
+    plan = ResourcePlan(
+        workers=workers,
+        ps=ps,
+        stage=Stage.AUTO_SCALE,
+        reason=f"auto-scale {describe(cur)} -> {describe(stepped)}: {why}",
+        predicted_throughput=round(predicted, 1),
     )
+    return AutoScaleDecision(
+        plan, why, model, kind=kind, in_place=resize_in_place and in_place(current, plan)
+    )
+
+
+def _plan(current: ResourcePlan, groups: tuple[NodeGroup, NodeGroup]) -> ResourcePlan:
+    """``current`` with the workers and PS of ``groups``."""
+    return dataclasses.replace(current, workers=groups[0], ps=groups[1])
 
 
 def memory_needs(

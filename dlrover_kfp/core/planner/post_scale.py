@@ -53,6 +53,9 @@ class Instability:
     events: Sequence[JobEvent] = ()
     #: pods pending (not yet running) and for how many seconds
     pending_s: Mapping[str, float] | None = None
+    #: why a pending pod waits, where the cluster says (its scheduler's ``Unschedulable``
+    #: message): the pending rule's reason carries it, so that the profile says what to fix
+    pending_why: Mapping[str, str] | None = None
     #: per worker pod, how long it has held its oldest leased shard without reporting it
     lease_ages_s: Mapping[str, float] | None = None
     #: seconds one worker takes for one shard at the job's median speed (None: not known yet)
@@ -295,11 +298,17 @@ def pending_too_long(
     groups: Mapping[str, NodeGroup],
     s: PostScaleSettings,
     ctx: PlanningContext,
+    why: Mapping[str, str] | None = None,
 ) -> list[NodeAction]:
+    """Pods pending longer than ``pending_timeout_s``: relaunched ``pending_shrink`` x smaller,
+    so that a node has room for them (DLRover's rule); the job trains on meanwhile with the
+    pods it has. The reason names the wait and, where known, the scheduler's ``why``."""
     actions = []
     for name, waited in sorted(pending_s.items()):
         if waited <= s.pending_timeout_s:
             continue
+        said = (why or {}).get(name)
+        cause = f"; the scheduler: {said!r}" if said else ""
         role = _role(name, {})
         group = groups[role]
         floor = (
@@ -311,8 +320,8 @@ def pending_too_long(
                 node=name,
                 cpu=clamp_cpu(group.cpu * s.pending_shrink, ctx.node),
                 memory_mb=clamp_memory(max(floor, group.memory_mb * s.pending_shrink), ctx.node),
-                reason=f"pending {waited:.0f}s (> {s.pending_timeout_s:.0f}s): relaunch smaller so "
-                f"that it fits a node",
+                reason=f"pending {waited:.0f}s (> {s.pending_timeout_s:.0f}s{cause}): relaunch "
+                f"smaller so that it fits a node",
             )
         )
     return actions
@@ -365,7 +374,7 @@ def post_scale(
     take(starved_ps(_series(observed.ps_history) if observed.ps_history else series, s))
     take(hung_workers(observed.lease_ages_s or {}, observed.shard_s, s))
     take(slow_workers(observed.samples, s))
-    take(pending_too_long(observed.pending_s or {}, groups, s, ctx))
+    take(pending_too_long(observed.pending_s or {}, groups, s, ctx, observed.pending_why))
     if not actions:
         return None
 

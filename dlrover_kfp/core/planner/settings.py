@@ -83,6 +83,11 @@ class AutoScaleSettings:
     min_samples: int = 5
     #: Seconds between two plans (DLRover: 300 s since the last plan).
     min_interval_s: float = 300.0
+    #: Seconds after an in-place step before the next plan, when shorter than min_interval_s:
+    #: the pods went on, so the samples are steady at once (no start-up, no re-read to wait
+    #: out) and min_samples of them at the new shape, not this, set the pace. It bounds how
+    #: fast probes and their judgments follow each other.
+    in_place_min_interval_s: float = 60.0
     #: The target (search.py): with "cost" (DLRover-RM's objective), the configuration with
     #: the most throughput per unit of cost (dominant share) among those predicted at least
     #: ``throughput_floor`` of the best the quota allows; with "fastest", the cheapest of them.
@@ -93,6 +98,12 @@ class AutoScaleSettings:
     throughput_floor: float = 0.7
     #: A move must promise this much more throughput ...
     min_gain: float = 0.05
+    #: ... or, when it only changes the workers' CPU (their memory kept or grown) on a backend
+    #: that resizes pods in place (core/reconcile.py ``in_place``), this much: such a step
+    #: restarts nothing and reads no data again, so it costs only the quota it adds, and need
+    #: only promise more than the noise of a 5-sample mean (~1-2 %, see give_back_tolerance).
+    #: Its growth is judged against half of it, as min_gain's is.
+    in_place_min_gain: float = 0.02
     #: ... or save this share of the job's cost (dominant resource share) ...
     min_saving: float = 0.10
     #: ... while losing at most this share of throughput ("fastest"; with "cost" the target

@@ -38,6 +38,10 @@ Who calls what:
   ``prune_checkpoints(root, all_tmp=True)``; at job end :func:`cleanup_shm` (tmpfs memory
   stays allocated until the files are unlinked). To restore consistently and cheaply, run
   :func:`select_checkpoint` once and pass the choice to every PS's ``load_checkpoint``.
+* PS process restarted inside its pod (training/supervisor.py), on a rollback to the committed
+  ``choice``: :func:`restore_own_part`, which reads its own part from the pod's shm snapshot
+  when that is exactly the committed part (:func:`own_snapshot`; crc32 against the manifest),
+  else from the volume.
 """
 
 from dlrover_kfp.training.checkpoint.format import (
@@ -59,12 +63,17 @@ from dlrover_kfp.training.checkpoint.persist import (
     list_checkpoints,
     prune_checkpoints,
 )
-from dlrover_kfp.training.checkpoint.ps_adapter import PsCheckpointer, restore_ps_state
+from dlrover_kfp.training.checkpoint.ps_adapter import (
+    PsCheckpointer,
+    restore_own_part,
+    restore_ps_state,
+)
 from dlrover_kfp.training.checkpoint.reader import PartRef, SnapshotInfo, read_snapshot
 from dlrover_kfp.training.checkpoint.restore import (
     CheckpointChoice,
     RestoredPart,
     load_checkpoint,
+    own_snapshot,
     select_checkpoint,
 )
 from dlrover_kfp.training.checkpoint.shm import (
@@ -102,8 +111,10 @@ __all__ = [
     "list_checkpoints",
     "list_shm",
     "load_checkpoint",
+    "own_snapshot",
     "prune_checkpoints",
     "read_snapshot",
+    "restore_own_part",
     "restore_ps_state",
     "select_checkpoint",
     "shm_path",

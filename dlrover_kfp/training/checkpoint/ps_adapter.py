@@ -20,7 +20,13 @@ from dlrover_kfp.training.checkpoint.format import (
     StateSpec,
 )
 from dlrover_kfp.training.checkpoint.persist import FlashCheckpointer, PartRecord
-from dlrover_kfp.training.checkpoint.restore import CheckpointChoice, load_checkpoint
+from dlrover_kfp.training.checkpoint.restore import (
+    CheckpointChoice,
+    RestoredPart,
+    load_checkpoint,
+    own_snapshot,
+)
+from dlrover_kfp.training.checkpoint.shm import discard_part
 
 if TYPE_CHECKING:
     import torch
@@ -103,6 +109,23 @@ class PsCheckpointer:
             }
         return {"step": self._step, "done": True, "part": future.result().to_dict(), "error": None}
 
+    def restore(self, state: PsState, choice: CheckpointChoice) -> bool:
+        """Roll ``state`` back to its part of the committed checkpoint ``choice``, in place
+        (its tensors are overwritten, none allocated); True when it came from this PS's own
+        snapshot buffer, False from the volume (:func:`_own_or_volume`).
+
+        A running PS that the master rolls back (another PS crashed) needs no new process: its
+        buffer still holds its last snapshot, which is the committed part unless a later
+        checkpoint had begun. The buffer stays this PS's (no new one to reserve and pre-touch),
+        and the pod's memory holds one state and one snapshot throughout. Call it with no
+        request in flight and no snapshot being taken (the server's gate, held exclusively).
+        """
+        state.untrack()  # a PS change's tracking (if any) marked rows of the state replaced
+        _, from_memory = _own_or_volume(
+            choice, state.config, self.flash.shm.shm_dir, state.arrays()
+        )
+        return from_memory
+
     def close(self) -> None:
         """Finish the pending persist and unmap; the shm file stays for a restart."""
         self.flash.close()
@@ -123,12 +146,6 @@ def restore_ps_state(
     :func:`select_checkpoint`), exactly that checkpoint: every PS of a job rolling back must
     restore the same one, the one whose shard ledger the master restored.
     """
-    # The PS process has torch loaded; importing the checkpoint package must not load it
-    # (the master and `dlrover-kfp cleanup` use it without ever holding a tensor).
-    import torch  # noqa: PLC0415
-
-    from dlrover_kfp.training.ps_state import PsState  # noqa: PLC0415 (ps_state imports torch models)
-
     restored = load_checkpoint(
         root,
         num_ps=config.num_ps,
@@ -139,6 +156,82 @@ def restore_ps_state(
     )
     if restored is None:
         return None
+    return _ps_state(restored, config)
+
+
+def restore_own_part(
+    root: PathLike,
+    config: PsConfig,
+    job_id: str,
+    choice: CheckpointChoice,
+    *,
+    shm_dir: PathLike | None = None,
+) -> tuple[PsState, bool]:
+    """PS ``config.ps_index``'s part of the committed checkpoint ``choice``, and whether it
+    came from this pod's own shared memory (True) or from the volume (False).
+
+    A PS restarted inside its pod (training/supervisor.py) reads its part from the snapshot
+    its previous process left in the pod's ``/dev/shm`` when that is exactly the committed
+    part (:func:`_own_or_volume`). Either way the step is ``choice``'s: the one whose shard
+    ledger the master restored. The previous process's snapshot is then removed
+    (:func:`~.shm.discard_part`): the new process allocates its own, and the pod's memory
+    limit holds the state and one snapshot, not two.
+    """
+    restored, from_memory = _own_or_volume(choice, config, shm_dir, None)
+    discard_part(job_id, config.ps_index, shm_dir)
+    return _ps_state(restored, config), from_memory
+
+
+def _own_or_volume(
+    choice: CheckpointChoice,
+    config: PsConfig,
+    shm_dir: PathLike | None,
+    out: Mapping[str, torch.Tensor] | None,
+) -> tuple[RestoredPart, bool]:
+    """PS ``config.ps_index``'s part of ``choice`` (into ``out`` when given), and whether it
+    came from the pod's own snapshot: that snapshot when it is exactly the committed part
+    (:func:`~.restore.own_snapshot`), checked against the manifest's crc32 as it streams;
+    otherwise, or when that read fails, the volume (which then overwrites every row of
+    ``out``, so a read that failed half-way leaves nothing of itself)."""
+    own = own_snapshot(choice, config.ps_index, shm_dir)
+    restored = None
+    if own is not None:
+        try:
+            restored = _load(own, config, out)
+        except CheckpointError as exc:
+            logger.warning(
+                "PS %d: its own snapshot of step %d does not verify (%s); restoring from the "
+                "volume",
+                config.ps_index,
+                choice.step,
+                exc,
+            )
+    else:
+        logger.info(
+            "PS %d: no snapshot of step %d in this pod's memory; restoring from the volume",
+            config.ps_index,
+            choice.step,
+        )
+    if restored is not None:
+        return restored, True
+    return _load(choice, config, out), False
+
+
+def _load(
+    choice: CheckpointChoice, config: PsConfig, out: Mapping[str, torch.Tensor] | None
+) -> RestoredPart:
+    """``choice``'s part for ``config``'s PS, checked against its model."""
+    restored = load_checkpoint(
+        None, num_ps=config.num_ps, ps_index=config.ps_index, choice=choice, out=out
+    )
+    if restored is None:  # a choice always restores a part or raises
+        raise CheckpointError(f"{choice.location}: nothing restored for PS {config.ps_index}")
+    _check(restored, config)
+    return restored
+
+
+def _check(restored: RestoredPart, config: PsConfig) -> None:
+    """A restored part fits the model it is for (shape; PS 0's dense parameters)."""
     rows, dim = sum(config.model.table_sizes), config.model.embedding_dim
     if (restored.total_rows, restored.dim) != (rows, dim):
         raise CheckpointError(
@@ -147,6 +240,17 @@ def restore_ps_state(
         )
     if config.ps_index == 0 and (restored.dense is None or restored.dense_accum is None):
         raise CheckpointError(f"{restored.location}: no dense parameters for PS 0")
+
+
+def _ps_state(restored: RestoredPart, config: PsConfig) -> PsState:
+    """The :class:`PsState` of a restored part, checked against the model it is for."""
+    # The PS process has torch loaded; importing the checkpoint package must not load it
+    # (the master and `dlrover-kfp cleanup` use it without ever holding a tensor).
+    import torch  # noqa: PLC0415
+
+    from dlrover_kfp.training.ps_state import PsState  # noqa: PLC0415 (ps_state imports torch models)
+
+    _check(restored, config)
     logger.info(
         "PS %d: restored step %d from %s (%s, written by %d PS)",
         config.ps_index,

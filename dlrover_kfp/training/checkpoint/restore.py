@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,6 +182,47 @@ def _shm_choices(job_id: str, shm_dir: PathLike | None) -> list[CheckpointChoice
             )
         )
     return choices
+
+
+def own_snapshot(
+    choice: CheckpointChoice, ps_index: int, shm_dir: PathLike | None = None
+) -> CheckpointChoice | None:
+    """``choice`` (a committed checkpoint) with PS ``ps_index``'s part read from this pod's
+    own shm snapshot instead of the volume, when that snapshot is exactly the committed part.
+
+    A PS restarted inside its pod (training/supervisor.py) finds the snapshot its previous
+    process took; in a pod's private ``/dev/shm`` no other PS's part is there, so this is not a
+    complete set for :func:`_shm_choices`. It is the committed part when it is the same
+    snapshot (step, snapshot sequence, size: the persister writes the snapshot's bytes as they
+    are); its crc32 is then checked against the manifest's while it streams, so a changed byte
+    fails the restore and the caller falls back to the volume. None when the job's PS count
+    changed (every part would be needed) or the newest snapshot is another step (a later
+    checkpoint had begun, and was never committed).
+    """
+    if choice.source != "disk" or not 0 <= ps_index < choice.num_ps:
+        return None
+    committed = choice.parts[ps_index]
+    if committed.crc32 is None:
+        return None
+    newest: tuple[int, int, PartRef] | None = None  # (generation, step, ref)
+    for path in list_shm(choice.job_id, shm_dir):
+        try:
+            with _PartFile(path, shm=True) as part:
+                m, h = part.meta, part.header
+                mine = (m.ps_index, m.num_ps) == (ps_index, choice.num_ps)
+                if mine and (newest is None or part.generation > newest[0]):
+                    ref = PartRef(str(path), h.total_len, committed.crc32, h.seq)
+                    newest = (part.generation, h.step, ref)
+        except CheckpointCorruptError as exc:
+            logger.debug("skipping shm snapshot: %s", exc)
+    if newest is None:
+        return None
+    _, step, ref = newest
+    if (step, ref.nbytes, ref.seq) != (choice.step, committed.nbytes, committed.seq):
+        return None
+    parts = tuple(ref if k == ps_index else p for k, p in enumerate(choice.parts))
+    location = str(Path(ref.path).parent)
+    return replace(choice, source="shm", location=location, parts=parts)
 
 
 def _candidates(

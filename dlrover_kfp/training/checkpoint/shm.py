@@ -137,6 +137,21 @@ def cleanup_shm(
     return sorted(removed)
 
 
+def discard_part(job_id: str, ps_index: int, shm_dir: PathLike | None = None) -> list[Path]:
+    """Remove every snapshot file of PS ``ps_index``'s part of ``job_id`` (any generation);
+    returns what was removed. A PS restarted inside its pod calls it once it has restored:
+    the snapshot its previous process left would otherwise stay beside the one the new
+    process allocates, and a pod's shared memory counts in its memory limit."""
+    prefix = _shm_prefix(job_id)
+    removed = []
+    for path in list_shm(job_id, shm_dir):
+        m = _SHM_REST.fullmatch(path.name[len(prefix) :])
+        if m is not None and m.group(2) == f"ps-{int(ps_index)}":
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
 def _create_shm_file(path: Path, capacity: int, threads: int = 1) -> tuple[int, mmap.mmap]:
     """A new ``capacity``-byte file at ``path``, reserved, mapped and touched; atomically named.
 
