@@ -46,12 +46,14 @@ from typing import Any
 from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.plan import NodeGroup
 from dlrover_kfp.core.profile import EventKind, JobEvent
-from dlrover_kfp.errors import PermanentError, TransientError
+from dlrover_kfp.errors import DlroverKfpError, PermanentError, TransientError
 from dlrover_kfp.ports import PodPhase, PodStatus
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.job import JobFailedError, JobRun
 from dlrover_kfp.runtime.master import PsSwitch
+from dlrover_kfp.training import transfer_protocol as transfer
 from dlrover_kfp.training.master_protocol import USAGE_INTERVAL_S
+from dlrover_kfp.training.wire import connect
 
 log = logging.getLogger("dlrover_kfp.elastic")
 
@@ -495,6 +497,11 @@ class PsChange:
         if self._launched:
             for name in self.new_pods.values():
                 self.run.stop(name)
+        if self.switch.copy_from:
+            # The new PS asked the old ones to mark updated rows; they stop now, not at the
+            # next change.
+            for failure in untrack(self.switch.copy_from, self.run.secret, self.generation):
+                log.warning("PS change %d abandoned: %s", self.generation, failure)
         self._record("failure", f"PS change abandoned: {reason}")
 
     def _record(self, kind: EventKind, detail: str, node: str | None = None) -> None:
@@ -503,6 +510,29 @@ class PsChange:
         self.run.events.append(JobEvent(time=t, kind=kind, node=node, detail=detail))
         who = "" if node is None else f"{node}: "
         self.run.progress(f"{self.run.run_id}: {who}{detail}")
+
+
+#: How long :func:`untrack` waits for one old PS's answer (it answers in microseconds).
+UNTRACK_TIMEOUT_S = 2.0
+
+
+def untrack(sources: Sequence[tuple[str, int]], secret: bytes, generation: int) -> list[str]:
+    """Tell every old PS at ``sources`` to stop marking the rows updated for change
+    ``generation`` (``transfer_untrack``): the change was given up, and an old PS left marking
+    would pay the mark on every push (3-5 %) until the next change. Best effort, on fresh
+    connections, each bounded by :data:`UNTRACK_TIMEOUT_S` (an old PS that does not answer
+    may be why the change was given up). The failures, in words; empty when all answered."""
+    failed = []
+    for j, (host, port) in enumerate(sources):
+        try:
+            conn = connect((str(host), int(port)), secret, timeout=UNTRACK_TIMEOUT_S)
+            try:
+                conn.request(transfer.UNTRACK, {"generation": generation})
+            finally:
+                conn.close()
+        except DlroverKfpError as exc:
+            failed.append(f"old PS {j} at {host}:{port}: {exc}")
+    return failed
 
 
 def retire(

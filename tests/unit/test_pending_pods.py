@@ -121,7 +121,7 @@ def test_a_new_ps_pending_for_capacity_abandons_the_change_after_the_bound(
     took = clock.monotonic() - started
     assert PENDING_S < took <= PENDING_S + 0.02, took
     assert _path(change) == "starting copying abandoned"
-    assert log == [f"launch {NEW_PS}"]
+    assert log == [f"launch {NEW_PS}", "untrack pause-ps-0 1", "untrack pause-ps-1 1"]
     assert (run.state.generation, run.state.switch, outcome.pause_s) == (0, None, None)
     assert NEW_PS not in {s.name for s in run.backend.statuses()} and NEW_PS in run.stopping
     [event] = run.events

@@ -60,6 +60,9 @@ class _Ps:
             assert self.part is not None
             meta = {"step": self.part.step, "done": True, "error": None}
             return Message("ok", {**meta, "part": self.part.to_dict()}, ())
+        if msg.kind == "transfer_untrack":
+            self.log.append(f"untrack {self.pod} {msg.meta['generation']}")
+            return Message("ok", {}, ())
         assert msg.kind == "shutdown", msg.kind
         self.log.append(f"shutdown {self.pod}")
         pods = self.run.backend
@@ -224,7 +227,8 @@ def test_a_new_ps_that_fails_while_copying_abandons_the_change(
     change = _change(run, live=True)
     outcome = change.carry_out()
     assert _path(change) == "starting copying abandoned"
-    assert log == [f"launch {NEW_PS}", "copy"]
+    # The old PS were marking rows for the new one: they are told to stop.
+    assert log == [f"launch {NEW_PS}", "copy", "untrack pause-ps-0 1", "untrack pause-ps-1 1"]
     assert run.state.ps_addresses == addresses
     assert (run.state.generation, run.state.switch) == (0, None)
     assert run.coordinator is coordinator
@@ -248,7 +252,8 @@ def test_a_new_ps_that_never_reports_abandons_the_change_within_the_first_report
     took = run.clock.monotonic() - started
     assert FIRST_REPORT_S < took <= FIRST_REPORT_S + 0.02, took
     assert _path(change) == "starting copying abandoned"
-    assert log == [f"launch {NEW_PS}"]
+    # Untracked though it never asked for its copy: a frozen PS may have sent its TRACK.
+    assert log == [f"launch {NEW_PS}", "untrack pause-ps-0 1", "untrack pause-ps-1 1"]
     assert (run.state.generation, run.state.switch) == (0, None)
     assert NEW_PS not in {s.name for s in run.backend.statuses()}
     [event] = run.events
