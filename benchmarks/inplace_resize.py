@@ -69,12 +69,25 @@ def one_run(side: str, rows: int, out: Path, settings: RunSettings, t0: float) -
     return result.profile
 
 
+def core_seconds(p: JobProfile) -> tuple[float, float]:
+    """(requested, used) core-seconds over the run's samples: what each side was given and
+    used, so that a shorter JCT is not read as a win bought with more CPU unsaid. Each sample
+    stands for the interval since the one before it."""
+    requested = used = 0.0
+    for before, sample in zip(p.samples, p.samples[1:], strict=False):
+        dt = sample.time - before.time
+        requested += dt * sum(n.cpu_requested for n in sample.nodes)
+        used += dt * sum(n.cpu_used for n in sample.nodes)
+    return requested, used
+
+
 def report(side: str, p: JobProfile, expected: int) -> None:
     exact = "exact" if p.outcome.samples_processed == expected else f"expected {expected:,}"
+    requested, used = core_seconds(p)
     print(
         f"\n[{side}] {p.outcome.status} JCT {p.outcome.jct_seconds:.1f}s, "
-        f"{p.outcome.samples_processed:,} samples ({exact}); limits: "
-        f"{p.limits.detail if p.limits else '-'}"
+        f"{p.outcome.samples_processed:,} samples ({exact}); {requested:.0f} core-s requested, "
+        f"{used:.0f} used; limits: {p.limits.detail if p.limits else '-'}"
     )
     for a in p.plans:
         print(

@@ -133,23 +133,30 @@ def trainer_pod(
 
     A PS runs under its pod's supervisor (:mod:`~dlrover_kfp.training.supervisor`, the pod's
     first process), which restarts a crashed PS inside the pod, where its shared-memory
-    snapshot still is; a worker has no state to keep and its pod fails with it."""
+    snapshot still is; a worker has no state to keep and its pod fails with it. The
+    supervisor loads the PS's code (torch, numpy) once and forks each PS process from itself,
+    so that a restart serves again without starting an interpreter and torch anew."""
     host, port = master
-    trainer = (
+    args = (node.role, str(node.index), "--master", f"{host}:{port}") + (
+        ("--generation", str(node.generation)) if node.generation else ()
+    )
+    trainer = (settings.python, "-m", "dlrover_kfp.training.node", *args)
+    supervised = (
         settings.python,
         "-m",
+        "dlrover_kfp.training.supervisor",
+        "--fork",
         "dlrover_kfp.training.node",
-        node.role,
-        str(node.index),
-        "--master",
-        f"{host}:{port}",
-    ) + (("--generation", str(node.generation)) if node.generation else ())
-    supervised = (settings.python, "-m", "dlrover_kfp.training.supervisor", "--")
+        "--preload",
+        "dlrover_kfp.training.ps_server",
+        "--",
+        *args,
+    )
     return PodSpec(
         name=node.pod_name(job),
         role=node.role,
         index=node.index,
-        command=(supervised + trainer) if node.role == "ps" else trainer,
+        command=supervised if node.role == "ps" else trainer,
         env={
             SECRET_ENV_VAR: secret_to_env(secret),
             # Under a CFS quota an idle OpenMP thread must sleep, not spin: spinning burns

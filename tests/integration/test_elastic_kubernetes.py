@@ -45,6 +45,12 @@ from tests.integration.test_master_restart import (
     kill_after_two_checkpoints,
     resume_after_the_pods_stop,
 )
+from tests.integration.test_ps_restart import (
+    CHECKPOINT_S,
+    crash_then_lose,
+    restart_spec,
+    restarted_and_relaunched,
+)
 
 NAMESPACE = "default"
 
@@ -583,3 +589,40 @@ def test_a_worker_resized_in_place_keeps_its_process_and_follows_its_new_cpu(
         f"{statistics.median(before):,.0f} -> {after[1][0]:,.0f} samples/s (x{ratio:.2f}) "
         f"two samples after, using {used:.2f} cores; {resized.detail}"
     )
+
+
+# 28-32 s on a quiet 2-core machine: a real run through two PS faults and two rollbacks.
+@pytest.mark.long
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("cluster", [NODES], indirect=True)
+def test_a_crashed_ps_process_restarts_in_its_pod_and_a_lost_pod_is_relaunched(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """tests/integration/test_ps_restart.py's two faults on 2 nodes, one PS on each: PS 0's process
+    SIGKILLed inside its pod (the pod's supervisor starts it again there, on the pod's own
+    /dev/shm, and both PS restore the committed step from their pods' memory), then PS 1's pod
+    lost (relaunched as a new pod, from the volume). Exact count; the seconds until the PS
+    serve again after each, measured in the same run."""
+    spec = restart_spec(worker_memory="1Gi")
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=CHECKPOINT_S)
+    seen: dict[str, object] = {}
+
+    def pid_of(pod: str) -> int | None:
+        return cluster.kubelet_of(pod).pid_of(pod)
+
+    def faults(run: JobRun[ElasticPolicy], cluster: Cluster) -> None:
+        crash_then_lose(run, tmp_path / "out", pid_of, "restart", seen)
+
+    result = _run(spec, tmp_path, cluster, settings, QUIET, during=faults)
+    in_place_s, relaunch_s = restarted_and_relaunched(
+        result, _trained_rows(spec, settings), "restart", seen
+    )
+    # One PS on each node (a 2 GiB pod each fills a node's room but for the 1 GiB worker).
+    first = [cluster.nodes_of(f"restart-ps-{k}")[0] for k in (0, 1)]
+    assert first == ["node-a", "node-b"], cluster.placed
+    # In place, the pod's supervisor forks the PS from itself, torch already loaded; a relaunched
+    # pod loads torch anew (~3-4 s at half a core), and on a cluster it also waits to be
+    # scheduled and its container started, which the fake kubelet does at once. Measured on a
+    # quiet 2-core machine, 4 runs, in place / relaunched: 0.19/4.98, 0.16/4.78, 0.11/4.24,
+    # 0.17/3.77 s (with a new interpreter per restart, before the fork: 3.85/3.79 s).
+    assert in_place_s < relaunch_s, (in_place_s, relaunch_s)

@@ -2,7 +2,9 @@
 
 The child appends ``<restarts> <cause>`` to a file at each start and then does the action its
 argument list gives for that start: ``exitN`` (exit with N), ``killN`` (die of signal N),
-``asked`` (exit with the supervisor's restart code) or ``wait`` (sleep until stopped).
+``raise`` (an exception), ``asked`` (exit with the supervisor's restart code) or ``wait``
+(sleep until stopped). Started by ``posix_spawn`` (a command), or forked from the supervisor
+after it preloaded the child's module (``--fork``, as a PS pod's supervisor does).
 """
 
 from __future__ import annotations
@@ -20,21 +22,36 @@ import pytest
 from dlrover_kfp.backends import cgroups as cg
 from dlrover_kfp.training import supervisor
 
-_CHILD = """\
-import os, sys, time
+#: The child's action at its start ``n``: exit, die of a signal, raise, return the restart
+#: code (the caller exits with it) or wait.
+_ACT = """\
+import os, signal, sys, threading, time
+
+
+def act(actions, n, restart_code):
+    action = actions[min(n, len(actions) - 1)]
+    if action.startswith("exit"):
+        sys.exit(int(action[4:]))
+    if action.startswith("kill"):
+        os.kill(os.getpid(), int(action[4:]))
+    if action == "raise":
+        raise RuntimeError("a crash in main")
+    if action == "asked":
+        return restart_code
+    time.sleep(60)
+    return 0
+"""
+
+_CHILD = (
+    _ACT
+    + """
 log, actions, restart_code = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
 n = int(os.environ.get("DLROVER_KFP_RESTARTS", "0"))
 with open(log, "a") as f:
     f.write(f"{n} {os.environ.get('DLROVER_KFP_RESTART_CAUSE', '-')}\\n")
-action = actions[min(n, len(actions) - 1)]
-if action.startswith("exit"):
-    sys.exit(int(action[4:]))
-if action.startswith("kill"):
-    os.kill(os.getpid(), int(action[4:]))
-if action == "asked":
-    sys.exit(restart_code)
-time.sleep(60)
+sys.exit(act(actions, n, restart_code))
 """
+)
 
 
 def _start(tmp_path: Path, actions: str) -> tuple[subprocess.Popen[bytes], Path]:
@@ -220,3 +237,148 @@ def test_a_child_killed_for_memory_ends_the_pod_without_a_restart(tmp_path: Path
     assert proc.returncode == 128 + signal.SIGKILL
     assert log.read_text().splitlines() == ["start"]
     assert "was killed for memory (signal 9); the pod fails" in proc.stderr.decode()
+
+
+# The fork path (``--fork MODULE``): a tiny module the supervisor preloads, standing in for the
+# trainer. Its import is logged (``import <pid>``) and so is each start of its main
+# (``<restarts> <cause> <pid> <blocked signals> <SIGTERM's disposition>``), then the action of
+# that start, as _CHILD's.
+_MODULE = (
+    _ACT
+    + """
+LOG = os.environ["SUPERVISED_LOG"]
+with open(LOG, "a") as f:
+    f.write(f"import {os.getpid()}\\n")
+if os.environ.get("SUPERVISED_THREAD"):  # a thread left running by an import
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+
+
+def main(argv):
+    n = int(os.environ.get("DLROVER_KFP_RESTARTS", "0"))
+    cause = os.environ.get("DLROVER_KFP_RESTART_CAUSE", "-").replace(" ", "_")
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    term = "default" if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL else "other"
+    with open(LOG, "a") as f:
+        f.write(f"{n} {cause} {os.getpid()} {len(blocked)} {term}\\n")
+    return act(argv[0].split(","), n, int(argv[1]))
+
+
+if __name__ == "__main__":  # the same start as a new interpreter (no fork)
+    sys.exit(main(sys.argv[1:]))
+"""
+)
+
+
+_FORK = (sys.executable, "-m", "dlrover_kfp.training.supervisor", "--fork", "tiny_ps", "--")
+
+
+def _start_forked(
+    tmp_path: Path, actions: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], Path]:
+    (tmp_path / "tiny_ps.py").write_text(_MODULE)
+    log = tmp_path / "starts.log"
+    proc = subprocess.Popen(
+        [*_FORK, actions, str(supervisor.RESTART_EXIT)],
+        env=os.environ
+        | {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        | {"SUPERVISED_LOG": str(log)}
+        | (env or {}),
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    return proc, log
+
+
+def _starts(log: Path) -> tuple[list[str], list[list[str]]]:
+    """(the pids that imported the module, each start's fields)."""
+    lines = [line.split() for line in log.read_text().splitlines()]
+    return [f[1] for f in lines if f[0] == "import"], [f for f in lines if f[0] != "import"]
+
+
+def test_a_forked_child_crashes_then_serves_again_without_loading_its_module_again(
+    tmp_path: Path,
+) -> None:
+    """The module is imported once, by the supervisor; every start (the first, after a crash in
+    main, after a sys.exit, after a restart asked for) is a fork of it with its restart count
+    and cause, an empty signal mask and SIGTERM at its default, as a new interpreter has."""
+    proc, log = _start_forked(tmp_path, "raise,exit3,asked,wait")
+    try:
+        _started(log, 5)  # the import and four starts
+        imported, starts = _starts(log)
+        assert imported == [str(proc.pid)]
+        causes = [["0", "-"], ["1", "exit_1"], ["2", "exit_3"], ["3", "asked"]]
+        assert [s[:2] for s in starts] == causes
+        assert all(s[2] != str(proc.pid) for s in starts)  # children, not the supervisor
+        assert all(s[3:] == ["0", "default"] for s in starts)
+        (child,) = psutil.Process(proc.pid).children()
+        assert child.pid == int(starts[-1][2]) and os.getpgid(child.pid) == proc.pid
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 128 + signal.SIGTERM
+    text = err.decode()
+    assert "preloaded tiny_ps in" in text and "children are forked" in text
+    assert "RuntimeError: a crash in main" in text  # the child's traceback, in the pod's log
+    assert "crashed (exit 1); restarting it in this pod (restart 1)" in text
+    assert "crashed (exit 3); restarting it in this pod (restart 2)" in text
+    assert "asked to be restarted; restart 3" in text
+    assert "stopped by signal 15" in text
+
+
+def test_a_forked_child_past_the_crash_bound_ends_the_pod_with_its_code(tmp_path: Path) -> None:
+    proc, log = _start_forked(tmp_path, "kill9")
+    proc.communicate(timeout=30)
+    imported, starts = _starts(log)
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert (len(imported), len(starts)) == (1, supervisor.MAX_CRASHES + 1)
+
+
+def test_a_forked_child_interrupted_dies_of_sigint_as_an_interpreter_does(tmp_path: Path) -> None:
+    """SIGINT raises KeyboardInterrupt in the child, as in a new interpreter, which then dies of
+    the signal (not exit 1): the same crash, read the same way, as a spawned child's."""
+    proc, log = _start_forked(tmp_path, "kill2,exit0")
+    proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert [s[:2] for s in _starts(log)[1]] == [["0", "-"], ["1", "signal_2"]]
+    (tmp_path / "spawned").mkdir()
+    code, starts, _ = _run(tmp_path / "spawned", "kill2,exit0")
+    assert (code, starts) == (0, ["0 -", "1 signal 2"])
+
+
+def test_a_supervisor_that_runs_a_thread_does_not_fork_but_starts_an_interpreter(
+    tmp_path: Path,
+) -> None:
+    """A fork copies only the forking thread (a lock another one holds stays held in the
+    child): with a thread running, each start is a new interpreter, which imports the module
+    itself, and the log says why."""
+    proc, log = _start_forked(tmp_path, "exit3,exit0", env={"SUPERVISED_THREAD": "1"})
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    imported, starts = _starts(log)
+    assert [s[:2] for s in starts] == [["0", "-"], ["1", "exit_3"]]
+    assert imported == [str(proc.pid)] + [s[2] for s in starts]  # each child imported it
+    assert err.decode().count("not forking: 2 Python threads run") == 2
+
+
+def test_fork_hazard_sees_a_running_thread() -> None:
+    import threading  # noqa: PLC0415
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        assert supervisor.fork_hazard() is not None
+    finally:
+        stop.set()
+        thread.join()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--fork"], ["--fork", "m"], ["--preload", "m", "--", "x"], ["--spawn", "--", "x"], ["--"]],
+)
+def test_bad_arguments_exit_2_with_the_usage(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert supervisor.main(args) == 2
+    assert "usage:" in capsys.readouterr().err
