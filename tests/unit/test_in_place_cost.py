@@ -81,3 +81,28 @@ def test_the_next_plan_follows_an_in_place_step_sooner() -> None:
         step = ScalingStep(time=350.0, before=START, throughput_before=0.0, in_place=step_in_place)
         decision = auto_scale(ctx, START, samples, now, PlannerSettings(), last_step=step)
         assert decision.reason.startswith("waiting: last plan") is waits, decision.reason
+
+
+def test_an_in_place_step_keeps_the_workers_memory_that_a_replacement_would_right_size() -> None:
+    """Growth steps carry memory right-sizing along (they replace the pods anyway); a memory
+    decrease cannot be applied in place, so an in-place step keeps the pods' memory rather
+    than buy restarts with it. The same decision, priced as a replacement, shrinks it."""
+    settings = dataclasses.replace(
+        PRICED,
+        auto_scale=dataclasses.replace(PRICED.auto_scale, min_memory_saving=0.01, min_gain=0.5),
+    )
+    ctx = context_from_spec(spec(16.0, max_workers=2, max_ps=1), settings)
+    samples = _samples(START)
+    now = samples[-1].time + 10
+    replaced = auto_scale(ctx, START, samples, now, settings)
+    resized = auto_scale(ctx, START, samples, now, settings, resize_in_place=True)
+    assert replaced.plan is not None and resized.plan is not None, (replaced, resized)
+    # The same CPU step on both sides ...
+    assert resized.plan.workers.cpu == replaced.plan.workers.cpu > START.workers.cpu
+    # ... the replacement right-sizes the pods' memory to what they use; in place keeps it.
+    assert replaced.plan.workers.memory_mb < START.workers.memory_mb
+    assert replaced.plan.ps.memory_mb < START.ps.memory_mb
+    assert not in_place(START, replaced.plan)
+    assert resized.plan.workers.memory_mb == START.workers.memory_mb
+    assert resized.plan.ps == START.ps
+    assert resized.in_place and in_place(START, resized.plan)

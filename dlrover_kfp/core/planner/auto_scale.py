@@ -311,10 +311,9 @@ def auto_scale(
     max_loss = s.max_loss if s.objective == "fastest" else 1 - s.throughput_floor
     kind: StepKind
     # The target's cost of change: an in-place resize of the workers, or a replacement.
-    target_in_place = resize_in_place and in_place(
-        current,
-        _plan(current, _groups(target.config, memory, ctx, target.config, target.ps_memory_mb)),
-    )
+    target_groups = _groups(target.config, memory, ctx, target.config, target.ps_memory_mb)
+    target_groups = _kept_in_place(current, target_groups, resize_in_place)
+    target_in_place = resize_in_place and in_place(current, _plan(current, target_groups))
     if gain >= 1 + _min_gain(s, target_in_place):
         step = target.config
         why = f"model predicts {gain - 1:+.0%} throughput"
@@ -341,7 +340,9 @@ def auto_scale(
                 model,
             )
         step, why = give_back
-    workers, ps = _groups(step, memory, ctx, target.config, target.ps_memory_mb)
+    workers, ps = _kept_in_place(
+        current, _groups(step, memory, ctx, target.config, target.ps_memory_mb), resize_in_place
+    )
     stepped = Config(workers.count, ps.count, workers.cpu, ps.cpu)
     # The promise a give-back is judged by: the gain the decision was made on.
     predicted = measured * (gain if stepped == target.config else predict(stepped) / x_cur)
@@ -355,6 +356,26 @@ def auto_scale(
     return AutoScaleDecision(
         plan, why, model, kind=kind, in_place=resize_in_place and in_place(current, plan)
     )
+
+
+def _kept_in_place(
+    current: ResourcePlan, groups: tuple[NodeGroup, NodeGroup], resize_in_place: bool
+) -> tuple[NodeGroup, NodeGroup]:
+    """``groups``, with the pods' memory kept where its right-sizing alone would turn an
+    in-place step into a replacement. Growth steps carry memory right-sizing along because they
+    replace the pods anyway; an in-place step replaces nothing, and a memory decrease cannot be
+    applied in place (a worker's: core/reconcile.py; a PS's moves it to a new pod), so carrying
+    it would buy restarts and a data re-read (or a PS move) for memory the job holds already
+    (within its quota: the counts are the same). The shrink waits for a memory step of its own
+    (``min_memory_saving``)."""
+    if not resize_in_place or in_place(current, _plan(current, groups)):
+        return groups
+    kept = tuple(
+        dataclasses.replace(group, memory_mb=max(group.memory_mb, was.memory_mb))
+        for group, was in zip(groups, (current.workers, current.ps), strict=True)
+    )
+    kept_groups = (kept[0], kept[1])
+    return kept_groups if in_place(current, _plan(current, kept_groups)) else groups
 
 
 def _plan(current: ResourcePlan, groups: tuple[NodeGroup, NodeGroup]) -> ResourcePlan:
