@@ -138,9 +138,12 @@ def test_a_ps_oom_killed_at_start_is_relaunched_bigger_and_the_job_trains_every_
     spec = _spec(_job("{count: 1, cpu: 1, memory: 768Mi}", rows=5_000, worker_cpu=1))
     assert min_ps_memory_mb(spec.model, 1) == 629  # 768 clears the check
     heavy = tmp_path / "python"
-    # The pods run `PYTHON -m dlrover_kfp.training.node ROLE INDEX ...`: a PS gets the ballast.
+    # A worker pod runs `PYTHON -m dlrover_kfp.training.node worker ...`, a PS pod
+    # `PYTHON -m dlrover_kfp.training.supervisor --fork dlrover_kfp.training.node ...`, which
+    # loads the PS's modules and forks the PS: the PS pod's first process gets the ballast.
     code = (
-        "import runpy, sys; ballast = b'x' * (450 << 20) if sys.argv[3] == 'ps' else b''; "
+        "import runpy, sys; "
+        "ballast = b'x' * (450 << 20) if sys.argv[2].endswith('supervisor') else b''; "
         "sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__')"
     )
     heavy.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{code}" "$@"\n')
