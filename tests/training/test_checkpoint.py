@@ -629,3 +629,28 @@ def test_a_part_is_written_when_a_failed_siblings_cleanup_removes_its_directory(
     os.close(ck_persist._create_part(step_dir, path))
     assert raced == [str(path)]
     assert path.is_file()
+
+
+def test_a_part_is_written_when_the_cleanup_falls_inside_mkdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same sibling's cleanup, inside ``mkdir(exist_ok=True)``: between its EEXIST and its
+    check that the path is a directory, which then raises "File exists" (seen once in CI on a
+    full disk, instead of "No space left on device")."""
+    step_dir = tmp_path / "step-0000000020.tmp"
+    step_dir.mkdir()
+    path = step_dir / "ps-1.bin"
+    real_mkdir = Path.mkdir
+    raced: list[Path] = []
+
+    def mkdir_during_a_siblings_cleanup(self: Path, *args: Any, **kwargs: Any) -> None:
+        if self == step_dir and not raced:
+            raced.append(self)
+            step_dir.rmdir()  # the sibling's _remove_partial, after the EEXIST
+            raise FileExistsError(17, "File exists", str(self))
+        real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_during_a_siblings_cleanup)
+    os.close(ck_persist._create_part(step_dir, path))
+    assert raced == [step_dir]
+    assert path.is_file()

@@ -172,13 +172,15 @@ def _create_part(step_dir: Path, path: Path) -> int:
     between this one's ``mkdir`` and ``open``, the open fails with "No such file or directory"
     instead of this part's own outcome (on a full disk: "No space left on device"). The
     directory is made again then; once the file exists the directory is not empty, and no
-    other PS removes it."""
+    other PS removes it. The same removal can fall inside ``mkdir(exist_ok=True)`` itself,
+    between its EEXIST and its check that the path is a directory, which then raises "File
+    exists" (seen once in a CI run): that too is tried again."""
     attempts = 3
     while True:
-        step_dir.mkdir(parents=True, exist_ok=True)
         try:
+            step_dir.mkdir(parents=True, exist_ok=True)
             return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        except FileNotFoundError:
+        except (FileNotFoundError, FileExistsError):
             attempts -= 1
             if not attempts:
                 raise
