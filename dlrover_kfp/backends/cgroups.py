@@ -45,10 +45,17 @@ import os
 import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from dlrover_kfp.core.cpu_limit import cores_from_cfs, cores_from_cpu_max
+from dlrover_kfp.core.cpu_limit import (
+    CgroupMount,
+    cgroup_mounts,
+    cores_from_cfs,
+    cores_from_cpu_max,
+    group_dir,
+    own_groups,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -461,47 +468,6 @@ class CgroupV1:
 # ------------------------------------------------------------------------------ detection
 
 
-@dataclass(frozen=True, slots=True)
-class _Mount:
-    point: Path
-    root: Path  # the mount's root inside the hierarchy (mountinfo field 4)
-    fstype: str
-    options: frozenset[str]  # super options: the v1 controllers of the hierarchy
-
-
-def _mounts(mountinfo: str) -> list[_Mount]:
-    out = []
-    for line in mountinfo.splitlines():
-        # "36 35 0:30 / /sys/fs/cgroup/cpu rw,relatime shared:9 - cgroup cgroup rw,cpu"
-        pre, sep, post = line.partition(" - ")
-        if not sep:
-            continue
-        fields, tail = pre.split(), post.split()
-        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
-            continue
-        out.append(_Mount(Path(fields[4]), Path(fields[3]), tail[0], frozenset(tail[2].split(","))))
-    return out
-
-
-def _own_paths(proc_cgroup: str) -> dict[str, Path]:
-    """This process's group per controller ("" for the unified hierarchy), from
-    ``/proc/self/cgroup`` lines ``id:controllers:path``."""
-    out: dict[str, Path] = {}
-    for line in proc_cgroup.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        for controller in parts[1].split(",") if parts[1] else [""]:
-            out[controller] = Path(parts[2])
-    return out
-
-
-def _inside(mount: _Mount, own: Path) -> Path:
-    """Where this process's group is in the file system, given the mount's own root."""
-    rel = own.relative_to(mount.root) if own.is_relative_to(mount.root) else Path("/")
-    return mount.point / str(rel).lstrip("/")
-
-
 def detect(
     *,
     mountinfo: str | None = None,
@@ -516,12 +482,12 @@ def detect(
     """
     try:
         mountinfo = mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text()
-        own = _own_paths(
+        own = own_groups(
             proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
         )
     except OSError as exc:
         return f"cannot read this process's cgroups ({exc.strerror}): not Linux?"
-    mounts = _mounts(mountinfo)
+    mounts = cgroup_mounts(mountinfo)
     name = f"dlrover-kfp-{os.getpid()}-{secrets.token_hex(3)}"
     reasons = []
     for version in prefer:
@@ -541,11 +507,13 @@ def detect(
     return "; ".join(reasons)
 
 
-def _detect_v2(mounts: list[_Mount], own: Mapping[str, Path], name: str) -> CgroupV2 | None:
+def _detect_v2(
+    mounts: list[CgroupMount], own: Mapping[str, PurePosixPath], name: str
+) -> CgroupV2 | None:
     mount = next((m for m in mounts if m.fstype == "cgroup2"), None)
     if mount is None or "" not in own:
         return None
-    base = _inside(mount, own[""])
+    base = Path(group_dir(mount, own[""]))
     if not (base / "cgroup.controllers").read_text().split():
         return None  # a v2 mount without controllers (they are all bound to v1 hierarchies)
     driver = CgroupV2(base / name)
@@ -557,13 +525,15 @@ def _detect_v2(mounts: list[_Mount], own: Mapping[str, Path], name: str) -> Cgro
     return driver
 
 
-def _detect_v1(mounts: list[_Mount], own: Mapping[str, Path], name: str) -> CgroupV1 | None:
+def _detect_v1(
+    mounts: list[CgroupMount], own: Mapping[str, PurePosixPath], name: str
+) -> CgroupV1 | None:
     parents: dict[str, Path] = {}
     for controller in ("cpu", "cpuacct", "memory"):
         mount = next((m for m in mounts if m.fstype == "cgroup" and controller in m.options), None)
         if mount is None:
             continue
-        parents[controller] = _inside(mount, own.get(controller, Path("/"))) / name
+        parents[controller] = Path(group_dir(mount, own.get(controller, PurePosixPath("/")))) / name
     if "cpu" not in parents:
         return None
     driver = CgroupV1(parents)

@@ -487,9 +487,9 @@ def timestamp(text: str | None) -> float | None:
 
 
 def _disruption(status: Mapping[str, Any]) -> PodReason | None:
-    for cond in status.get("conditions") or ():
-        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
-            return _DISRUPTIONS.get(str(cond.get("reason")), PodReason.EVICTED)
+    cond = _condition(status, "DisruptionTarget")
+    if cond is not None:
+        return _DISRUPTIONS.get(str(cond.get("reason")), PodReason.EVICTED)
     return _POD_REASONS.get(str(status.get("reason")))
 
 
@@ -509,14 +509,10 @@ def _unschedulable(status: Mapping[str, Any]) -> str | None:
     Insufficient cpu."): the ``PodScheduled`` condition, False with reason ``Unschedulable``.
     The scheduler writes it on the pod (its ``FailedScheduling`` event says the same, but
     reading events would need another watch and another right)."""
-    for cond in status.get("conditions") or ():
-        if (
-            cond.get("type") == "PodScheduled"
-            and cond.get("status") == "False"
-            and cond.get("reason") == "Unschedulable"
-        ):
-            return str(cond.get("message") or "Unschedulable")
-    return None
+    cond = _condition(status, "PodScheduled", "False")
+    if cond is None or cond.get("reason") != "Unschedulable":
+        return None
+    return str(cond.get("message") or "Unschedulable")
 
 
 def resize_patch(spec: PodSpec) -> dict[str, Any]:
@@ -538,9 +534,13 @@ class ResizeProgress:
     message: str = ""
 
 
-def _condition(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+def _condition(
+    status: Mapping[str, Any], kind: str, value: str = "True"
+) -> Mapping[str, Any] | None:
+    """The pod's condition of type ``kind`` when its status is ``value`` (a pod has at most
+    one condition of each type)."""
     for cond in status.get("conditions") or ():
-        if cond.get("type") == kind and cond.get("status") == "True":
+        if cond.get("type") == kind and cond.get("status") == value:
             return cond  # type: ignore[no-any-return]
     return None
 

@@ -16,8 +16,8 @@ field 5 where it is mounted; in a container with its own cgroup namespace both a
 
 This module turns the texts of those files into the group's directory and its quota into
 cores; :mod:`dlrover_kfp.training.cpu_limit` reads the files (I/O stays out of the core), and
-the local backend's :func:`~dlrover_kfp.backends.cgroups.quota_cores` parses with the same
-functions.
+the local backend (:mod:`dlrover_kfp.backends.cgroups`: where to make a pod's groups, and
+``quota_cores``) parses with the same functions.
 """
 
 from __future__ import annotations
@@ -54,40 +54,72 @@ def cores_from_cfs(quota_us: str, period_us: str) -> float | None:
     return None if quota < 0 else quota / int(period_us.split(maxsplit=1)[0])
 
 
+@dataclass(frozen=True, slots=True)
+class CgroupMount:
+    """A cgroup file system as ``/proc/self/mountinfo`` lists it."""
+
+    point: PurePosixPath  # where it is mounted (field 5)
+    root: PurePosixPath  # the mount's root inside the hierarchy (field 4)
+    fstype: str  # "cgroup" (v1) or "cgroup2"
+    options: frozenset[str]  # super options: the v1 controllers of the hierarchy
+
+
+def cgroup_mounts(mountinfo: str) -> list[CgroupMount]:
+    """The cgroup mounts of a ``/proc/self/mountinfo`` text."""
+    out = []
+    for line in mountinfo.splitlines():
+        # "36 35 0:30 /root /sys/fs/cgroup/cpu rw,relatime shared:9 - cgroup cgroup rw,cpu"
+        pre, sep, post = line.partition(" - ")
+        if not sep:
+            continue
+        fields, tail = pre.split(), post.split()
+        if len(fields) < 5 or len(tail) < 3 or tail[0] not in ("cgroup", "cgroup2"):
+            continue
+        out.append(
+            CgroupMount(
+                PurePosixPath(fields[4]),
+                PurePosixPath(fields[3]),
+                tail[0],
+                frozenset(tail[2].split(",")),
+            )
+        )
+    return out
+
+
+def own_groups(proc_cgroup: str) -> dict[str, PurePosixPath]:
+    """This process's group per controller ("" for the unified hierarchy), from
+    ``/proc/self/cgroup`` lines ``id:controllers:path``."""
+    out: dict[str, PurePosixPath] = {}
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for controller in parts[1].split(",") if parts[1] else [""]:
+            out[controller] = PurePosixPath(parts[2])
+    return out
+
+
+def group_dir(mount: CgroupMount, own: PurePosixPath) -> PurePosixPath:
+    """Where group ``own`` (a path in the hierarchy) is under ``mount``; the mount point itself
+    when ``own`` is outside what the mount shows."""
+    rel = own.relative_to(mount.root) if own.is_relative_to(mount.root) else PurePosixPath()
+    return mount.point / rel
+
+
 def cpu_group(mountinfo: str, proc_cgroup: str) -> CpuGroup | None:
     """The directory of this process's CPU group: in the v1 hierarchy that has the ``cpu``
     controller when one is mounted (a controller is bound to one hierarchy at a time, so the
     cgroup2 mount of a hybrid host then has no ``cpu``), else in the cgroup2 hierarchy; None
     without either."""
-    own: dict[str, PurePosixPath] = {}
-    for line in proc_cgroup.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            for controller in parts[1].split(",") if parts[1] else [""]:
-                own[controller] = PurePosixPath(parts[2])
-    # "36 35 0:30 /root /sys/fs/cgroup/cpu rw,relatime shared:9 - cgroup cgroup rw,cpu":
-    # field 4 the mount's root in the hierarchy, field 5 the mount point.
-    mounts = [
-        (fields[3], fields[4], tail[0], tail[2].split(","))
-        for pre, sep, post in (line.partition(" - ") for line in mountinfo.splitlines())
-        for fields, tail in [(pre.split(), post.split())]
-        if sep and len(fields) >= 5 and len(tail) >= 3
-    ]
-    for root, point, fstype, options in mounts:
-        if fstype == "cgroup" and "cpu" in options and "cpu" in own:
-            return CpuGroup(1, _inside(root, point, own["cpu"]))
-    for root, point, fstype, _ in mounts:
-        if fstype == "cgroup2" and "" in own:
-            return CpuGroup(2, _inside(root, point, own[""]))
+    own = own_groups(proc_cgroup)
+    mounts = cgroup_mounts(mountinfo)
+    for mount in mounts:
+        if mount.fstype == "cgroup" and "cpu" in mount.options and "cpu" in own:
+            return CpuGroup(1, group_dir(mount, own["cpu"]))
+    for mount in mounts:
+        if mount.fstype == "cgroup2" and "" in own:
+            return CpuGroup(2, group_dir(mount, own[""]))
     return None
-
-
-def _inside(root: str, point: str, own: PurePosixPath) -> PurePosixPath:
-    """Where group ``own`` (a path in the hierarchy) is under a mount of the hierarchy's
-    ``root`` at ``point``; the mount point itself when ``own`` is outside what it shows."""
-    base = PurePosixPath(root)
-    rel = own.relative_to(base) if own.is_relative_to(base) else PurePosixPath()
-    return PurePosixPath(point) / rel
 
 
 def pod_group_cores(quota: float | None, pod_cpu: float) -> bool:
@@ -102,9 +134,13 @@ def pod_group_cores(quota: float | None, pod_cpu: float) -> bool:
 
 __all__ = [
     "MATCH_CORES",
+    "CgroupMount",
     "CpuGroup",
+    "cgroup_mounts",
     "cores_from_cfs",
     "cores_from_cpu_max",
     "cpu_group",
+    "group_dir",
+    "own_groups",
     "pod_group_cores",
 ]

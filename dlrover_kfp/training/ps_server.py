@@ -66,7 +66,7 @@ from dlrover_kfp.core.partition import Partition, overlap
 from dlrover_kfp.core.spec import ModelSpec
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training import transfer_protocol as transfer
-from dlrover_kfp.training.cpu_limit import PodCpu, env_cpu
+from dlrover_kfp.training.cpu_limit import env_cpu
 from dlrover_kfp.training.ps_state import PsConfig, PsState
 from dlrover_kfp.training.wire import Message, PeerInfo, Server
 
@@ -379,10 +379,9 @@ def build_state(index: int, config: dict[str, Any]) -> PsState:
     return PsState(own)
 
 
-def snapshot_copy_threads(env: Mapping[str, str], cpu: float | None = None) -> int:
-    """Threads for the snapshot copy: the pod's whole CPU (at most 4), since training is paused;
-    ``cpu``: its cores now (:class:`~dlrover_kfp.training.cpu_limit.PodCpu`), else
-    ``DLROVER_KFP_POD_CPU``.
+def snapshot_copy_threads(env: Mapping[str, str]) -> int:
+    """Threads for the snapshot copy: the pod's whole CPU (``DLROVER_KFP_POD_CPU``, at most 4),
+    since training is paused.
 
     Two threads cut the pause for 1 GiB from ~0.09 s to ~0.06 s here; more than the pod's CPU
     would only be throttled. The count is fixed when the PS starts (the copy's thread pool is
@@ -390,8 +389,7 @@ def snapshot_copy_threads(env: Mapping[str, str], cpu: float | None = None) -> i
     (core/reconcile.py migrates PS; only workers are resized in place), and its serving threads
     are one per connection, not sized by CPU: the quota bounds how many run at once.
     """
-    cores = env_cpu(env) if cpu is None else cpu
-    return max(1, min(4, math.ceil(cores)))
+    return max(1, min(4, math.ceil(env_cpu(env))))
 
 
 def new_checkpointer(
@@ -407,7 +405,7 @@ def new_checkpointer(
         str(config["job_id"]),
         index,
         state,
-        copy_threads=snapshot_copy_threads(os.environ, PodCpu(os.environ).cores),
+        copy_threads=snapshot_copy_threads(os.environ),
     )
 
 

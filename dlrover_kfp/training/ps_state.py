@@ -32,9 +32,9 @@ import numpy.typing as npt
 import torch
 
 from dlrover_kfp.core.partition import Partition
-from dlrover_kfp.core.pod_env import POD_CPU_ENV
 from dlrover_kfp.core.spec import ModelSpec
 from dlrover_kfp.training import memory
+from dlrover_kfp.training.cpu_limit import env_cpu
 from dlrover_kfp.training.model import DenseDLRM, FlatParameters, init_embedding_slots
 
 ADAGRAD_EPS = 1e-10
@@ -52,13 +52,7 @@ def startup_threads(env: Mapping[str, str]) -> int:
     A PS serves nothing until its state is built, so at start it may use its whole CPU share;
     more threads than that would only be throttled by the pod's CPU quota.
     """
-    try:
-        cpu = float(env.get(POD_CPU_ENV, "1"))
-    except ValueError:
-        return 1
-    if not math.isfinite(cpu) or cpu <= 0:
-        return 1
-    return max(1, min(MAX_STARTUP_THREADS, math.ceil(cpu)))
+    return max(1, min(MAX_STARTUP_THREADS, math.ceil(env_cpu(env))))
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,8 +130,9 @@ def _check_sources(sources: Sequence[Address], from_num_ps: int) -> None:
 
 
 def _blank_state(config: PsConfig) -> PsState:
-    """A state of the right shape whose rows the copy writes: not initialised (that would
-    compute every row once for nothing), only mapped in, as :class:`PsState` maps its own."""
+    """A state of the right shape whose rows the copy writes: the weights not initialised
+    (that would compute every row once for nothing), only mapped in, as :class:`PsState` maps
+    its own accumulator."""
     shape = (config.partition.rows_on(config.ps_index), config.model.embedding_dim)
     threads = startup_threads(os.environ)
 
@@ -140,7 +141,7 @@ def _blank_state(config: PsConfig) -> PsState:
             memory.touched_empty(shape, np.float32, threads=threads, huge_pages=True)
         )
 
-    return PsState(config, weights=blank(), accum=blank())
+    return PsState(config, weights=blank())  # its accumulator: zeros, mapped in, as always
 
 
 def _overlaps(config: PsConfig, from_num_ps: int) -> Iterator[tuple[int, Overlap]]:
