@@ -14,4 +14,9 @@ def reference_loss(tmp_path_factory: pytest.TempPathFactory) -> float:
     assert result.succeeded, result.profile.outcome.reason
     assert outcome.samples_lost == 0
     assert outcome.loss is not None
+    # Shown with a failing chaos test's output: what the fault-free run did (a CI run once had
+    # a reference 0.06 above the usual 0.405-0.407, its cause not kept).
+    print(f"reference run: loss {outcome.loss:.6f}, JCT {result.profile.outcome.jct_seconds:.1f}s")
+    for e in result.profile.events:
+        print(f"  reference event {e.time:.1f}s {e.kind} {e.node or ''}: {e.detail}")
     return outcome.loss
