@@ -5,10 +5,22 @@ unmodified official client, the fake kubelet (:mod:`.kubelet`) runs its pods, an
 pods`` / ``kubectl describe pod`` read them. It serves exactly what those make, on ``127.0.0.1``:
 
 * ``pods``: create, get, list and watch (by label selector, in a namespace or all of them),
-  delete (grace period, uid and resourceVersion preconditions); ``pods/status`` get, update and
-  patch (strategic merge) and ``pods/binding`` create: what the kubelet writes; ``pods/resize``
-  patch (strategic merge; Kubernetes 1.33+ in-place resize), absent while ``serve_resize`` is
-  False, as on an older cluster;
+  delete (grace period, uid and resourceVersion preconditions), patch (strategic merge of its
+  metadata: a cancel annotation; the spec but images may not change, 422; the status is kept);
+  ``pods/status`` get, update and patch (strategic merge) and ``pods/binding`` create: what the
+  kubelet writes; ``pods/resize`` patch (strategic merge; Kubernetes 1.33+ in-place resize),
+  absent while ``serve_resize`` is False, as on an older cluster; ``pods/log`` get (RBAC
+  ``get`` on ``pods/log``): the options decoded and validated and the container chosen here
+  (400/422 as the real server), an unscheduled pod's log empty, the rest proxied to the kubelet
+  of the pod's node (:attr:`FakeApiServer.log_sources`; 500 when none answers for it) and
+  streamed back as chunked ``text/plain``;
+* ``events`` (core/v1): create, get, list (label selector, and a field selector on the
+  fields the real server indexes: ``involvedObject.*``, ``reason``, ``type``, ``source``, ...,
+  ``=``/``==``/``!=``: what ``kubectl describe pod`` sends), patch (strategic merge: a repeat's
+  ``count``/``lastTimestamp``); core/v1's own validation only (legacyValidateEvent: the
+  namespace is the involved object's, an event with ``eventTime`` names its reporter, action
+  and reason; ``type`` is free there: Normal|Warning is checked by ``events.k8s.io`` only, which
+  is not served); times decoded as metav1.Time/MicroTime (a naive one is 400);
 * ``secrets``: create, get, update, delete;
 * ``coordination.k8s.io/v1`` ``leases``: create, get, update, delete;
 * ``metrics.k8s.io/v1beta1`` pods: list by label selector (absent while ``serve_metrics`` is
@@ -17,12 +29,17 @@ pods`` / ``kubectl describe pod`` read them. It serves exactly what those make, 
 
 What it does as the real server does, for those: ``metadata.uid``/``resourceVersion`` (one
 global counter bumped by every write)/``creationTimestamp``; the defaults the backend's objects
-meet (pod ``restartPolicy``, ``terminationGracePeriodSeconds``, requests from limits,
-``qosClass``; a secret's ``stringData`` folded into ``data``); canonical quantities (``"0.5"``
+meet (pod ``restartPolicy``, ``terminationGracePeriodSeconds``, ``serviceAccountName``
+``default`` as the admission plugin sets it, requests from limits, ``qosClass``, a fieldRef's
+``apiVersion``; a secret's ``stringData`` folded into ``data``); ``generateName``; canonical
+quantities (``"0.5"``
 reads back ``"500m"``); validation of names, labels, containers and leases (422 ``Invalid`` with
-causes; a quantity or a Lease field that does not decode is 400); optimistic concurrency (409
+causes; an env var's ``valueFrom`` as the server checks it: one source, no ``value`` beside it,
+a fieldRef path an env var may read; a quantity or a Lease field that does not decode is 400);
+optimistic concurrency (409
 ``Conflict``, and no Lease update without a ``resourceVersion``); 409 ``AlreadyExists``; watches
-(chunked HTTP, ``ADDED``/``MODIFIED``/``DELETED``/``BOOKMARK``/``ERROR``, resume from a
+(chunked HTTP, ``ADDED``/``MODIFIED``/``DELETED``/``BOOKMARK``/``ERROR``, an object whose
+labels start or stop matching the selector sent as ADDED or DELETED, resume from a
 resourceVersion, 410 ``Expired`` once the history is compacted, ``timeoutSeconds``); graceful
 deletion of a pod bound to a node whose kubelet is attached; owner-reference garbage
 collection (background propagation).
@@ -37,10 +54,13 @@ the fake scheduler's: the cluster's own, not the product's) skip faults and auth
 are marked ``from_kubelet`` in the audit log.
 
 Everything else is refused with the status a real server gives what it does not serve (404,
-405, 400 for a field selector or a set-based label selector, 415 for other patch types), so that
+405, 400 for a field selector but on events, or a set-based label selector, 415 for other
+patch types), so that
 a call the product starts making fails here loudly instead of meeting a half-built imitation.
-Also not done: namespaces are a fixed set (:data:`NAMESPACES`), not objects; no authentication;
-JSON only; lists are not paginated (a ``limit`` smaller than the list is 400).
+Also not done: namespaces and service accounts are not objects (namespaces a fixed set,
+:data:`NAMESPACES`; any ``serviceAccountName`` is accepted); no authentication; JSON only (events
+are listed, not rendered as a server-side table); lists are not paginated (a ``limit`` smaller
+than the list is 400); events do not expire.
 """
 
 from __future__ import annotations
@@ -59,15 +79,17 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes.container_log import PodLogOptions
 
 Json = dict[str, Any]
 
@@ -533,14 +555,17 @@ RESOURCES: dict[str, Resource] = {
             "pods",
             "pod",
             "Pod",
-            ("create", "delete", "get", "list", "watch"),
+            ("create", "delete", "get", "list", "patch", "watch"),
             ("po",),
             subresources={
                 "status": ("Pod", ("get", "patch", "update")),
                 "binding": ("Binding", ("create",)),
                 "resize": ("Pod", ("patch",)),
+                "log": ("Pod", ("get",)),
             },
         ),
+        # what the job master reports on its pods (core/v1, as kubectl describe reads them)
+        Resource("events", "event", "Event", ("create", "get", "list", "patch"), ("ev",)),
         # the backend writes the job's Secret; the kubelet reads it for secretKeyRefs
         Resource("secrets", "secret", "Secret", ("create", "delete", "get", "update")),
         # one master per job (the backend's Lease): no status, no subresources
@@ -636,13 +661,28 @@ def _labels_causes(meta: Json) -> list[Cause]:
     return causes
 
 
-def _name_causes(meta: Json) -> list[Cause]:
+def _name_causes(meta: Json, resource: str = "") -> list[Cause]:
+    """The name rules: a DNS-1123 subdomain; for an event (whose core/v1 validation leaves the
+    name alone) only the generic rule of any name: a valid path segment."""
     name = meta.get("name")
     if not name:
         return [Cause("metadata.name", "FieldValueRequired", "Required value: name is required")]
+    if resource == "events":
+        if name in (".", "..") or "/" in name or "%" in name:
+            why = "may not be '.' or '..' and may not contain '/' or '%'"
+            return [Cause.invalid("metadata.name", name, why)]
+        return []
     if not is_dns1123_subdomain(name):
         return [Cause.invalid("metadata.name", name, DNS1123_SUBDOMAIN_MSG)]
     return []
+
+
+def generate_name(prefix: str) -> str:
+    """``metadata.generateName`` made a name, as the server's SimpleNameGenerator does: the
+    prefix (cut to leave room) and five random characters of an alphabet without vowels."""
+    alphabet = "bcdfghjklmnpqrstvwxz2456789"
+    suffix = "".join(alphabet[b % len(alphabet)] for b in os.urandom(5))
+    return prefix[: 63 - len(suffix)] + suffix
 
 
 def _decode_quantities(obj: Json) -> None:
@@ -766,12 +806,152 @@ def _lease_causes(lease: Json) -> list[Cause]:
     return causes
 
 
+_META_TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:\d{2})")
+#: Field lengths a core/v1 event with an ``eventTime`` may not exceed.
+_EVENT_LIMITS = {"reportingInstance": 128, "action": 128, "reason": 128, "message": 1024}
+
+
+def meta_time(text: str) -> str:
+    """A metav1.Time as the server decodes and re-encodes it: RFC 3339 with a zone on the way
+    in (a fraction allowed), UTC whole seconds with ``Z`` out. ValueError with Go's message."""
+    if not _META_TIME.fullmatch(text):
+        seconds = re.match(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?", text)
+        rest = text[seconds.end() :] if seconds else text
+        raise ValueError(
+            f'parsing time "{text}" as "2006-01-02T15:04:05Z07:00": cannot parse "{rest}" as'
+            f' "{"Z07:00" if seconds else "2006-01-02T15:04:05Z07:00"}"'
+        )
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _decode_event(event: Json) -> None:
+    """An Event's times decoded and re-encoded as the server's JSON decoder does (a time that
+    does not parse, or a count that is not an int32, fails the request with 400)."""
+    error = None
+    for name, decode in (
+        ("firstTimestamp", meta_time),
+        ("lastTimestamp", meta_time),
+        ("eventTime", micro_time),
+    ):
+        value = event.get(name)
+        if value is None:
+            event.pop(name, None)
+            continue
+        try:
+            event[name] = decode(value) if isinstance(value, str) else decode(str(value))
+        except ValueError as e:
+            error = str(e)
+    count = event.get("count")
+    if count is not None and (
+        isinstance(count, bool) or not isinstance(count, int) or not -(2**31) <= count < 2**31
+    ):
+        error = f"json: cannot unmarshal {_go_type_name(count)} into Go struct field Event.count"
+    if error:
+        raise ApiError(
+            400, "BadRequest", f'Event in version "v1" cannot be handled as a Event: {error}'
+        )
+
+
+def _event_causes(event: Json) -> list[Cause]:
+    """What the real server checks of a core/v1 Event (legacyValidateEvent; the stricter rules,
+    such as ``type`` being Normal or Warning, are the events.k8s.io API's): its namespace is
+    its object's; with an ``eventTime`` (a "new" event) the reporting fields it needs."""
+    namespace = event["metadata"]["namespace"]
+    involved = event.get("involvedObject") or {}
+    object_namespace = involved.get("namespace") or ""
+    mismatch = Cause.invalid(
+        "involvedObject.namespace", object_namespace, "does not match event.namespace"
+    )
+    if not event.get("eventTime"):
+        wrong = (
+            namespace not in ("", "default")
+            if not object_namespace
+            else (namespace != object_namespace)
+        )
+        return [mismatch] if wrong else []
+    causes = []
+    if not object_namespace and namespace not in ("default", "kube-system"):
+        causes.append(mismatch)
+    component = event.get("reportingComponent") or ""
+    if not component:
+        causes.append(Cause.required("reportingComponent"))
+    elif (why := label_key_error(component)) is not None:
+        causes.append(Cause.invalid("reportingComponent", component, why))
+    for name, limit in _EVENT_LIMITS.items():
+        value = event.get(name) or ""
+        if not value and name != "message":
+            causes.append(Cause.required(name))
+        elif len(value) > limit:
+            causes.append(Cause.invalid(name, "", f"can have at most {limit} characters"))
+    return causes
+
+
+#: The fields a list of events may be selected by (the server's event field label conversion),
+#: and where each is in the object.
+_EVENT_FIELDS = {
+    "involvedObject.kind": ("involvedObject", "kind"),
+    "involvedObject.namespace": ("involvedObject", "namespace"),
+    "involvedObject.name": ("involvedObject", "name"),
+    "involvedObject.uid": ("involvedObject", "uid"),
+    "involvedObject.apiVersion": ("involvedObject", "apiVersion"),
+    "involvedObject.resourceVersion": ("involvedObject", "resourceVersion"),
+    "involvedObject.fieldPath": ("involvedObject", "fieldPath"),
+    "reason": ("reason",),
+    "reportingComponent": ("reportingComponent",),
+    "source": ("source", "component"),
+    "type": ("type",),
+    "metadata.namespace": ("metadata", "namespace"),
+    "metadata.name": ("metadata", "name"),
+}
+
+
+def _event_field(event: Json, label: str) -> str:
+    value: Any = event
+    for key in _EVENT_FIELDS[label]:
+        value = value.get(key) if isinstance(value, dict) else None
+    if label == "source" and not value:  # the server's GetAttrs falls back to this
+        value = event.get("reportingComponent")
+    return str(value or "")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRequirement:
+    """One term of a field selector: ``label=value`` (``==``) or ``label!=value``."""
+
+    label: str
+    value: str
+    equal: bool
+
+    def matches(self, event: Json) -> bool:
+        return (_event_field(event, self.label) == self.value) == self.equal
+
+
+def parse_event_field_selector(text: str) -> list[FieldRequirement]:
+    """A field selector on events (what ``kubectl describe`` sends: ``involvedObject.name=...,
+    involvedObject.namespace=...``); SelectorError (400) for another field or syntax."""
+    requirements = []
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        match = re.fullmatch(r"([^=!]+)(==|!=|=)(.*)", term)
+        if match is None:
+            raise SelectorError(f"invalid selector: '{text}'; can't understand '{term}'")
+        label, op, value = match.group(1).strip(), match.group(2), match.group(3).strip()
+        if label not in _EVENT_FIELDS:
+            raise SelectorError(
+                f'"{label}" is not a known field selector: only "{", ".join(_EVENT_FIELDS)}"'
+            )
+        requirements.append(FieldRequirement(label, value, op != "!="))
+    return requirements
+
+
 def _default_pod(pod: Json) -> None:
     """The defaults a pod's reading depends on: its restart policy, its grace period (what a
     delete without one waits), and requests from limits (its QoS class)."""
     spec = pod.setdefault("spec", {})
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("terminationGracePeriodSeconds", 30)
+    # the ServiceAccount admission plugin's: a pod runs as its namespace's "default" account
+    spec.setdefault("serviceAccountName", "default")
     for container in spec.get("containers") or []:
         if not isinstance(container, dict):
             continue
@@ -857,7 +1037,82 @@ def _validate_container(container: Any, path: str, names: set[str]) -> list[Caus
                     " digits, '_', '-', or '.', and must not start with a digit",
                 )
             )
+        if isinstance(env, dict) and env.get("valueFrom") is not None:
+            causes += _value_from_causes(env, f"{path}.env[{i}]")
     return causes
+
+
+#: The fieldRef paths an env var may name (validEnvDownwardAPIFieldPathExpressions), and the
+#: ones that the conversion of a downward-API field label accepts at all.
+ENV_FIELD_PATHS = (
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.hostIPs",
+    "status.podIP",
+    "status.podIPs",
+)
+_FIELD_LABELS = frozenset(
+    {
+        *ENV_FIELD_PATHS,
+        *("metadata.annotations", "metadata.labels", "spec.restartPolicy", "spec.schedulerName"),
+        "status.phase",
+    }
+)
+_SUBSCRIPTED = re.compile(r"(metadata\.(?:labels|annotations))\['(.*)'\]|(.*)\[.*\]")
+_VALUE_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef")
+
+
+def _value_from_causes(env: Json, path: str) -> list[Cause]:
+    """An env var's ``valueFrom`` as the real server validates it: one source, no ``value``
+    beside it, and a ``fieldRef`` (its ``apiVersion`` defaulted to v1) that names a path an
+    env var may read."""
+    source = env["valueFrom"]
+    where = f"{path}.valueFrom"
+    if not isinstance(source, dict):
+        return [Cause.invalid(where, str(source), "must be an object")]
+    count = sum(1 for key in _VALUE_SOURCES if source.get(key) is not None)
+    if count == 0:
+        why = (
+            "must specify one of: `fieldRef`, `resourceFieldRef`, `configMapKeyRef` or"
+            " `secretKeyRef`"
+        )
+        return [Cause.invalid(where, "", why)]
+    if count > 1:
+        return [Cause.invalid(where, "", "may not have more than one field specified at a time")]
+    if env.get("value"):
+        return [Cause.invalid(where, "", "may not be specified when `value` is not empty")]
+    ref = source.get("fieldRef")
+    if ref is None:
+        return []
+    ref.setdefault("apiVersion", "v1")
+    return _field_ref_causes(ref, f"{where}.fieldRef")
+
+
+def _field_ref_causes(ref: Json, where: str) -> list[Cause]:
+    field_path = str(ref.get("fieldPath") or "")
+    if not field_path:
+        return [Cause.required(f"{where}.fieldPath")]
+    if ref["apiVersion"] != "v1":
+        why = f"error converting fieldPath: unsupported pod version: {ref['apiVersion']}"
+        return [Cause.invalid(f"{where}.fieldPath", field_path, why)]
+    subscripted = _SUBSCRIPTED.fullmatch(field_path)
+    if subscripted is not None and subscripted.group(1) is None:
+        why = f"error converting fieldPath: field label does not support subscript: {field_path}"
+        return [Cause.invalid(f"{where}.fieldPath", field_path, why)]
+    if subscripted is not None:
+        key = subscripted.group(2)
+        bad_key = label_key_error(key.lower() if "annotations" in field_path else key)
+        return [] if bad_key is None else [Cause.invalid(where, key, bad_key)]
+    if field_path not in _FIELD_LABELS:
+        why = f"error converting fieldPath: field label not supported: {field_path}"
+        return [Cause.invalid(f"{where}.fieldPath", field_path, why)]
+    if field_path not in ENV_FIELD_PATHS:
+        return [Cause.unsupported(f"{where}.fieldPath", field_path, tuple(sorted(ENV_FIELD_PATHS)))]
+    return []
 
 
 def _without_resources(pod: Json) -> Json:
@@ -869,6 +1124,27 @@ def _without_resources(pod: Json) -> Json:
                 values.pop("cpu", None)
                 values.pop("memory", None)
     return rest
+
+
+_POD_UPDATE_MSG = (
+    "pod updates may not change fields other than `spec.containers[*].image`,"
+    "`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only"
+    " additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set"
+    " to 1 if it was previously negative)"
+)
+
+
+def _pod_update_causes(old: Json, new: Json) -> list[Cause]:
+    """ValidatePodUpdate, as far as this server's pods go: the metadata may change, of the spec
+    only the containers' images."""
+    specs = []
+    for pod in (old, new):
+        spec = copy.deepcopy(pod.get("spec") or {})
+        for container in spec.get("containers") or []:
+            if isinstance(container, dict):
+                container.pop("image", None)
+        specs.append(spec)
+    return [] if specs[0] == specs[1] else [Cause.forbidden("spec", _POD_UPDATE_MSG)]
 
 
 def _resize_causes(old: Json, new: Json) -> list[Cause]:
@@ -954,6 +1230,9 @@ def _decode(res: Resource, obj: Json) -> list[Cause]:
     if res.name == "secrets":
         _fold_secret(obj)
         return _secret_causes(obj)
+    if res.name == "events":
+        _decode_event(obj)
+        return _event_causes(obj)
     _decode_lease(obj)
     return _lease_causes(obj)
 
@@ -1134,14 +1413,13 @@ class _Event:
     type: str  # ADDED, MODIFIED, DELETED
     resource: str
     obj: Json  # never mutated after commit
+    old_labels: Mapping[str, str] | None = None  # a MODIFIED object's labels before it
 
 
 class _Watcher:
-    """One open watch: the events it matches, queued as the lines it sends.
-
-    No object's labels change in what is served (a pod's are fixed at creation; secrets and
-    leases are not watched), so an event matches on its object alone: the real watch cache's
-    ADDED/DELETED for an object that starts or stops matching a selector never arises."""
+    """One open watch: the events it matches, queued as the lines it sends. As the real
+    watch cache does, a change that makes an object start matching the label selector is sent
+    as ADDED, one that makes it stop matching as DELETED (a patch of a pod's labels)."""
 
     _CLOSE = b""
 
@@ -1158,8 +1436,15 @@ class _Watcher:
             return
         if self.namespace and meta.get("namespace", "") != self.namespace:
             return
-        if labels_match(self.labels, meta.get("labels")):
-            self.send(event.type, event.obj)
+        matches = labels_match(self.labels, meta.get("labels"))
+        if event.type != "MODIFIED" or event.old_labels is None:
+            if matches:
+                self.send(event.type, event.obj)
+            return
+        matched = labels_match(self.labels, event.old_labels)
+        if matches or matched:
+            kind = "MODIFIED" if matches and matched else ("ADDED" if matches else "DELETED")
+            self.send(kind, event.obj)
 
     def send(self, kind: str, obj: Json) -> None:
         line = json.dumps({"type": kind, "object": obj}, separators=(",", ":")) + "\n"
@@ -1200,6 +1485,14 @@ class _HttpServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+class LogSource(Protocol):
+    """A node's kubelet, as ``pods/NAME/log`` reaches it (its ``/containerLogs`` endpoint)."""
+
+    def container_log(
+        self, namespace: str, name: str, container: str, options: PodLogOptions
+    ) -> Iterator[bytes]: ...
+
+
 class FakeApiServer:
     """A Kubernetes API server on ``127.0.0.1`` (see the module docstring). Use as a context
     manager.
@@ -1211,6 +1504,8 @@ class FakeApiServer:
     def __init__(self, *, history_limit: int = 20000) -> None:
         #: The nodes a kubelet runs pods on; deleting a running pod bound to one is graceful.
         self.kubelet_nodes: set[str] = set()
+        #: The kubelet of each node, that ``pods/NAME/log`` is proxied to.
+        self.log_sources: dict[str, LogSource] = {}
         #: When False, ``metrics.k8s.io`` is absent: 404 on its paths, not in ``/apis``.
         self.serve_metrics = True
         #: When False, ``pods/resize`` is 404, as on a cluster older than 1.33.
@@ -1448,7 +1743,8 @@ class FakeApiServer:
             final = obj
             final["metadata"]["resourceVersion"] = str(self._rv)
             self._store[resource][key] = final
-        event = _Event(self._rv, kind, resource, final)
+        old_labels = (old["metadata"].get("labels") or {}) if old is not None else None
+        event = _Event(self._rv, kind, resource, final, old_labels)
         self._history.append(event)
         while len(self._history) > self._history_limit:
             self._compacted_rv = self._history.popleft().rv
@@ -1504,9 +1800,11 @@ class FakeApiServer:
                 " on the request",
             )
         meta["namespace"] = namespace
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = generate_name(str(meta["generateName"]))
         obj["kind"], obj["apiVersion"] = res.kind, res.api_version
         causes = _decode(res, obj)
-        causes = _name_causes(meta) + _labels_causes(meta) + causes
+        causes = _name_causes(meta, res.name) + _labels_causes(meta) + causes
         if causes:
             raise invalid(res.kind, meta.get("name") or "", causes, res.group)
         if res.name == "pods":
@@ -1591,8 +1889,8 @@ class FakeApiServer:
             )
 
     def _replacement(self, res: Resource, old: Json, new: Json) -> Json:
-        """``new`` decoded and validated as the replacement of ``old`` (a secret or a lease:
-        pods are not updated but through their status), its system fields kept."""
+        """``new`` decoded and validated as the replacement of ``old`` (a secret, a lease, an
+        event, or a pod's metadata), its system fields kept."""
         updated = copy.deepcopy(new)
         updated["kind"], updated["apiVersion"] = res.kind, res.api_version
         umeta = updated["metadata"]
@@ -1609,15 +1907,25 @@ class FakeApiServer:
             else:
                 umeta.pop(system, None)
         causes = _labels_causes(umeta) + _decode(res, updated)
+        if res.name == "pods":  # its status is the kubelet's, through pods/status
+            updated["status"] = copy.deepcopy(old.get("status") or {})
+            causes += _pod_update_causes(old, updated)
         if causes:
             raise invalid(res.kind, umeta["name"], causes, res.group)
         return updated
 
     def _patch(
-        self, res: Resource, namespace: str, name: str, content_type: str, patch: Any
+        self,
+        res: Resource,
+        namespace: str,
+        name: str,
+        content_type: str,
+        patch: Any,
+        subresource: str = "status",
     ) -> Json:
-        """A strategic merge patch of a pod's status (what the kubelet sends, and what the
-        official client sends for a dict). A resourceVersion in the patch is a precondition."""
+        """A strategic merge patch (what the kubelet sends, and what the official client sends
+        for a dict) of a pod's status, a pod (its metadata: :func:`_pod_update_causes`) or an
+        event. A resourceVersion in the patch is a precondition."""
         if content_type != "application/strategic-merge-patch+json":
             raise ApiError(
                 415,
@@ -1633,7 +1941,7 @@ class FakeApiServer:
             meta = patched.setdefault("metadata", {})
             patch_rv = (patch.get("metadata") or {}).get("resourceVersion")
             meta["resourceVersion"] = patch_rv or old["metadata"]["resourceVersion"]
-            return self._update(res, namespace, name, patched, "status")
+            return self._update(res, namespace, name, patched, subresource)
 
     def _resize(self, namespace: str, name: str, content_type: str, patch: Any) -> Json:
         """A strategic merge patch of ``pods/NAME/resize``: the desired resources of the
@@ -1716,20 +2024,32 @@ class FakeApiServer:
 
     # -- lists and watches -------------------------------------------------------------------
 
-    def _select(self, res: Resource, namespace: str, labels: list[Requirement]) -> list[Json]:
+    def _select(
+        self,
+        res: Resource,
+        namespace: str,
+        labels: list[Requirement],
+        fields: list[FieldRequirement] | None = None,
+    ) -> list[Json]:
         return [
             obj
             for key, obj in sorted(self._store[res.name].items())
             if (not namespace or key[0] == namespace)
             and labels_match(labels, obj["metadata"].get("labels"))
+            and all(f.matches(obj) for f in fields or ())
         ]
 
     def _list(
         self, res: Resource, namespace: str, query: Mapping[str, str]
     ) -> tuple[Json, list[Json]]:
-        labels = _selectors(query)
+        labels = parse_label_selector(query.get("labelSelector", ""))
+        fields: list[FieldRequirement] = []
+        if query.get("fieldSelector") and res.name == "events":
+            fields = parse_event_field_selector(query["fieldSelector"])
+        elif query.get("fieldSelector"):
+            raise SelectorError(f"field selectors on {res.name} are not served by the fake")
         with self._lock:
-            selected = self._select(res, namespace, labels)
+            selected = self._select(res, namespace, labels, fields)
             limit = int(query.get("limit") or 0)
             if 0 < limit < len(selected):
                 raise ApiError(
@@ -1854,6 +2174,90 @@ class FakeApiServer:
         return fault
 
 
+def _query_bool(query: Mapping[str, str], key: str) -> bool:
+    """A boolean query parameter as the server converts it: absent, ``0`` or ``false`` (any
+    case) is False, anything else (``1``, ``True``, even empty) True."""
+    if key not in query:
+        return False
+    return not (query[key] == "0" or query[key].lower() == "false")
+
+
+def _query_int(query: Mapping[str, str], key: str) -> int | None:
+    if key not in query:
+        return None
+    try:
+        return int(query[key])
+    except ValueError:
+        raise ApiError(
+            400, "BadRequest", f'strconv.ParseInt: parsing "{query[key]}": invalid syntax'
+        ) from None
+
+
+def pod_log_options(name: str, query: Mapping[str, str]) -> PodLogOptions:
+    """A log request's query decoded (400 for what does not decode) and validated (422
+    PodLogOptions, as ValidatePodLogOptions)."""
+    since_time = None
+    if query.get("sinceTime"):
+        try:
+            since_time = datetime.fromisoformat(query["sinceTime"].replace("Z", "+00:00"))
+        except ValueError:
+            raise ApiError(
+                400, "BadRequest", f'parsing time "{query["sinceTime"]}" as RFC 3339: invalid'
+            ) from None
+        if since_time.tzinfo is None:
+            raise ApiError(
+                400, "BadRequest", f'parsing time "{query["sinceTime"]}": missing time zone'
+            )
+    options = PodLogOptions(
+        container=query.get("container", ""),
+        follow=_query_bool(query, "follow"),
+        previous=_query_bool(query, "previous"),
+        since_seconds=_query_int(query, "sinceSeconds"),
+        since_time=since_time.timestamp() if since_time is not None else None,
+        timestamps=_query_bool(query, "timestamps"),
+        tail_lines=_query_int(query, "tailLines"),
+        limit_bytes=_query_int(query, "limitBytes"),
+    )
+    causes = []
+    if options.tail_lines is not None and options.tail_lines < 0:
+        causes.append(
+            Cause.invalid("tailLines", options.tail_lines, "must be greater than or equal to 0")
+        )
+    if options.limit_bytes is not None and options.limit_bytes < 1:
+        causes.append(Cause.invalid("limitBytes", options.limit_bytes, "must be greater than 0"))
+    if options.since_seconds is not None and options.since_time is not None:
+        causes.append(
+            Cause.forbidden("", "at most one of `sinceTime` or `sinceSeconds` may be specified")
+        )
+    elif options.since_seconds is not None and options.since_seconds < 1:
+        causes.append(
+            Cause.invalid("sinceSeconds", options.since_seconds, "must be greater than 0")
+        )
+    if causes:
+        raise invalid("PodLogOptions", name, causes)
+    return options
+
+
+def log_container(pod: Json, asked: str) -> str:
+    """The container a log request reads: the one named, which the pod must have, else the
+    pod's only one (400 otherwise, as the real server's validateContainer)."""
+    name = pod["metadata"]["name"]
+    names = [str(c.get("name", "")) for c in pod["spec"].get("containers") or []]
+    if asked and asked not in names:
+        raise ApiError(400, "BadRequest", f"container {asked} is not valid for pod {name}")
+    if asked:
+        return asked
+    if len(names) == 1:
+        return names[0]
+    if not names:
+        raise ApiError(400, "BadRequest", f"a container name must be specified for pod {name}")
+    raise ApiError(
+        400,
+        "BadRequest",
+        f"a container name must be specified for pod {name}, choose one of: [{' '.join(names)}]",
+    )
+
+
 def _selectors(query: Mapping[str, str]) -> list[Requirement]:
     if query.get("fieldSelector"):
         raise SelectorError("field selectors are not served by the fake API server")
@@ -1957,6 +2361,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._metrics(info)
             elif info.watch and method == "GET":
                 self._serve_watch(info)
+            elif info.subresource == "log":
+                self._serve_log(info)
             else:
                 self._dispatch(info, body)
         except ApiError as e:
@@ -2018,14 +2424,14 @@ class _Handler(BaseHTTPRequestHandler):
         if info.verb == "get":
             with api._lock:
                 obj = copy.deepcopy(api._get_stored(res, namespace, name))
-            if self._accepts_table():
+            if self._accepts_table() and res.name == "pods":
                 table = pod_table([obj], info.query.get("includeObject", "Metadata"), {})
                 self._send_json(200, table)
             else:
                 self._send_json(200, obj)
         elif info.verb == "list":
             meta, items = api._list(res, namespace, info.query)
-            if self._accepts_table():
+            if self._accepts_table() and res.name == "pods":
                 table = pod_table(items, info.query.get("includeObject", "Metadata"), meta)
                 self._send_json(200, table)
                 return
@@ -2046,8 +2452,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, api._resize(namespace, name, content_type, self._json_body(body)))
         elif info.verb == "patch":
             content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            patch = self._json_body(body)
             self._send_json(
-                200, api._patch(res, namespace, name, content_type, self._json_body(body))
+                200, api._patch(res, namespace, name, content_type, patch, info.subresource)
             )
         else:  # delete
             options = self._json_body(body)
@@ -2194,6 +2601,42 @@ class _Handler(BaseHTTPRequestHandler):
             api._close_watch(watcher)
             if api.closed:
                 self.close_connection = True
+
+    def _serve_log(self, info: _RequestInfo) -> None:
+        """``pods/NAME/log``: the options validated and the container chosen here, the rest
+        proxied to the kubelet of the pod's node (an unscheduled pod's log is empty); its
+        answer streamed back as plain text (chunked), its refusal as a Status."""
+        api = self.api
+        res = self._resource(info)
+        options = pod_log_options(info.name, info.query)
+        with api._lock:
+            pod = copy.deepcopy(api._get_stored(res, info.namespace, info.name))
+        container = log_container(pod, options.container)
+        node = pod["spec"].get("nodeName")
+        chunks: Iterator[bytes] = iter(())
+        if node:
+            source = api.log_sources.get(node)
+            if source is None:  # no kubelet answers for that node
+                raise ApiError(
+                    500,
+                    "InternalError",
+                    f'Get "https://{node}:10250/containerLogs/{info.namespace}/{info.name}/'
+                    f'{container}": dial tcp: lookup {node}: no such host',
+                )
+            chunks = source.container_log(info.namespace, info.name, container, options)
+        self._record(200)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+        try:
+            for chunk in chunks:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True
 
     @staticmethod
     def _drain(watcher: _Watcher, first: bytes) -> tuple[list[bytes], bool]:

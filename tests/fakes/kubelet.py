@@ -6,9 +6,14 @@ Like a real kubelet it talks to the API server over HTTP only (its requests carr
 marks them ``from_kubelet`` in its audit log): it lists and watches pods (relisting after a 410),
 binds unscheduled pods to its node (``pods/NAME/binding``) unless a
 :class:`~tests.fakes.scheduler.FakeScheduler` places them on several nodes, resolves the first
-container's environment (``value`` and ``secretKeyRef``: what the Kubernetes backend's pods
-carry; a missing Secret or key keeps the pod Pending in ``CreateContainerConfigError`` until it
-appears), runs its command through :class:`dlrover_kfp.backends.LocalBackend` (which enforces
+container's environment as the kubelet does (in order: a ``value`` with ``$(VAR)`` expanded
+from the variables before it, a ``secretKeyRef`` (``optional`` honoured; a missing Secret or key
+keeps the pod Pending in ``CreateContainerConfigError`` until it appears), a ``fieldRef``: the
+downward API's ``metadata.name``/``namespace``/``uid``, ``labels['k']``/``annotations['k']``,
+``spec.nodeName``, ``spec.serviceAccountName``, ``status.podIP(s)``/``hostIP(s)``), expands
+``$(VAR)`` in ``command`` and ``args`` from that environment (:func:`expand`: ``$$`` is ``$``,
+an undefined reference stays as written), runs the command through
+:class:`dlrover_kfp.backends.LocalBackend` (which enforces
 the CPU limit with cgroups where it can and the memory limit, OOMKilled with 137), and writes
 the pod's status through ``pods/NAME/status`` as a kubelet does (phase, IPs, conditions,
 ``containerStatuses`` with running/terminated states and the running container's
@@ -20,7 +25,11 @@ room for it (tried again on every pass), else ``PodResizeInProgress`` while
 status and no condition; ``PodResizeInProgress`` ``Error`` when the backend refuses (a memory
 limit below what the pod holds), until a new request. A pod marked for deletion is stopped with
 its grace period, its terminated state written, and then removed with a grace-0 DELETE. Usage
-goes to the server's metrics API every ``metrics_interval_s``.
+goes to the server's metrics API every ``metrics_interval_s``. Each container's output is kept
+as a runtime keeps it, line by line with the time it was read (:mod:`.container_log`), until
+its pod is deleted, and served for the API server's ``pods/NAME/log``
+(:meth:`FakeKubelet.container_log`: tail, since, timestamps, limit, follow; 400 in the
+kubelet's words for a container waiting to start or never started, and for ``previous``).
 
 The faults the tests inject through it: :meth:`FakeKubelet.evict` (node pressure),
 :meth:`~FakeKubelet.preempt` (the scheduler), :meth:`~FakeKubelet.lose_node`; and
@@ -31,18 +40,20 @@ Choices where a local process cannot be a container:
 
 * the image is not pulled or used; ``command`` + ``args`` must name something runnable here, and
   ``argv[0]`` is looked up in ``executables`` first (by default ``python`` and ``python3`` map to
-  this interpreter, the one with the project installed);
+  this interpreter, the one with the project installed, and ``dlrover-kfp`` to its console
+  script: :func:`default_executables`);
 * the ``role`` and ``index`` labels become the local backend's role and index; a pod without a
   ``worker``/``ps`` role label runs as role ``worker``, index 0 when the label is missing or not
   an integer;
 * a container without a CPU or memory limit runs with its request, else with this machine's
   cores and 1 GiB;
 * every pod runs once, as under the backend's ``restartPolicy: Never`` (no restart in place);
-  every pod IP 127.0.0.1; no ``$(VAR)`` expansion, ``envFrom``, ConfigMap or field
-  references (an env source other than ``value`` and ``secretKeyRef`` keeps the pod waiting, as
-  a missing Secret does); no events; the process inherits this process's environment and working
+  every pod IP 127.0.0.1; no ``envFrom``, ``configMapKeyRef`` or ``resourceFieldRef`` (such an
+  env source keeps the pod waiting, as a missing Secret does), no service environment
+  (``KUBERNETES_SERVICE_HOST``) and no service-account token: a pod that calls the API is given
+  a kubeconfig; no events; the process inherits this process's environment and working
   directory; ``workingDir``, volumes, probes and init containers are ignored; only the first
-  container runs;
+  container runs (another container's log is "not available");
 * each pod's ``/dev/shm`` is its own all the same: the local backend gives every pod a new,
   empty directory in ``DLROVER_KFP_SHM_DIR`` (an env entry of that name in the manifest is
   dropped, as the backend's own variables are) and removes it when the pod ends, is deleted or
@@ -78,9 +89,11 @@ from urllib.parse import urlencode
 from dlrover_kfp.backends import LocalBackend, PodSpec, PodStatus
 from dlrover_kfp.core.profile import Role
 from dlrover_kfp.ports import RESERVED_ENV
+from tests.fakes.container_log import LOG_POLL_S, ContainerLog, PodLogOptions, read_log
 from tests.fakes.kube_apiserver import (
     DEFAULT_NODE,
     KUBELET_HEADER,
+    ApiError,
     FakeApiServer,
     Json,
     format_quantity,
@@ -94,6 +107,8 @@ _RESIZE_CONDITIONS = ("PodResizePending", "PodResizeInProgress")
 _POLL_S = 0.05
 #: How long a pod waiting for its Secret waits before the kubelet looks again.
 _CONFIG_RETRY_S = 0.5
+#: ``metadata.labels['key']`` / ``metadata.annotations['key']`` in a fieldRef.
+_SUBSCRIPT = re.compile(r"metadata\.(labels|annotations)\['(.*)'\]")
 
 
 class _ConfigError(Exception):
@@ -317,17 +332,14 @@ class FakeKubelet:
         self.schedules = schedules
         self.log_dir = Path(log_dir)
         self.metrics_interval_s = metrics_interval_s
-        self.executables = dict(
-            executables
-            if executables is not None
-            else {"python": sys.executable, "python3": sys.executable}
-        )
+        self.executables = dict(executables if executables is not None else default_executables())
         #: Every status written, in order (for latency measurements).
         self.status_writes: list[StatusWrite] = []
         self.backend = LocalBackend(self.log_dir)
         self._client = ApiClient(api, f"kubelet/{node_name}")
         self._lock = threading.RLock()
         self._pods: dict[str, _Pod] = {}  # by uid
+        self._logs: dict[str, ContainerLog] = {}  # by uid: the containers that have run
         self._events: list[tuple[str, Json]] = []
         self._events_ready = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -335,7 +347,9 @@ class FakeKubelet:
         self._threads: list[threading.Thread] = []
         self._synced = threading.Event()  # listed and watching
         api.kubelet_nodes.add(node_name)
-        for target, name in ((self._watch_loop, "watch"), (self._sync_loop, "sync")):
+        api.log_sources[node_name] = self
+        loops = ((self._watch_loop, "watch"), (self._sync_loop, "sync"), (self._log_loop, "logs"))
+        for target, name in loops:
             thread = threading.Thread(target=target, name=f"fake-kubelet-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -366,6 +380,12 @@ class FakeKubelet:
             thread.join(timeout=10)
         self.backend.close(grace_s=1.0)
         self.api.kubelet_nodes.discard(self.node_name)
+        if self.api.log_sources.get(self.node_name) is self:
+            del self.api.log_sources[self.node_name]
+        with self._lock:
+            logs = list(self._logs.values())
+        for log in logs:
+            log.end()
 
     # -- public helpers ----------------------------------------------------------------------
 
@@ -463,6 +483,52 @@ class FakeKubelet:
             self._events.append((kind, obj))
             self._events_ready.notify()
 
+    # -- container logs ------------------------------------------------------------------------
+
+    def _log_loop(self) -> None:
+        """Read the running containers' output as their runtime does, stamping each line."""
+        while not self._stop.wait(LOG_POLL_S):
+            with self._lock:
+                logs = [log for log in self._logs.values() if not log.drained]
+            for log in logs:
+                log.pump()
+
+    def _finish_log(self, pod: _Pod) -> None:
+        """The container's process has ended: its last output goes to its log, before the
+        status says so (a reader that sees the pod terminated reads the whole log)."""
+        with self._lock:
+            log = self._logs.get(pod.uid)
+        if log is not None:
+            log.pump(final=True)
+
+    def container_log(
+        self, namespace: str, name: str, container: str, options: PodLogOptions
+    ) -> Iterator[bytes]:
+        """``GET /containerLogs/NAMESPACE/NAME/CONTAINER``, which the API server proxies
+        ``pods/NAME/log`` to: the container's log (:func:`read_log`), or why there is none
+        (ApiError 400 in the kubelet's words, as the server passes them on), checked before
+        anything is sent."""
+        pod = self._find(name, namespace)
+        if pod is None:  # not (or no longer) one of this node's pods
+            raise ApiError(
+                404,
+                "NotFound",
+                f"the server could not find the requested resource ( pods/log {name})",
+            )
+        where = f'container "{container}" in pod "{name}"'
+        if container != pod.container.get("name"):  # only the first container runs here
+            raise ApiError(400, "BadRequest", f"{where} is not available")
+        if options.previous:  # every pod runs once: no container has terminated before
+            raise ApiError(400, "BadRequest", f"previous terminated {where} not found")
+        with self._lock:
+            log, state, waiting = self._logs.get(pod.uid), pod.state, pod.waiting
+        if log is None and state in ("pending", "waiting"):
+            reason = (waiting or {}).get("reason") or "ContainerCreating"
+            raise ApiError(400, "BadRequest", f"{where} is waiting to start: {reason}")
+        if log is None:  # it never started (StartError, or deleted before)
+            raise ApiError(400, "BadRequest", f"{where} is terminated")
+        return read_log(log, options, lambda: not (self._stop.is_set() or self.api.closed))
+
     # -- the sync loop -----------------------------------------------------------------------
 
     def _sync_loop(self) -> None:
@@ -524,6 +590,10 @@ class FakeKubelet:
             if pod.local_name and pod.state == "running":
                 self.backend.delete(pod.local_name, grace_s=0)  # force-deleted: kill it
             self.api.clear_pod_metrics(pod.namespace, pod.name)
+            with self._lock:
+                log = self._logs.pop(uid, None)
+            if log is not None:  # the kubelet removes a deleted pod's containers and logs
+                log.end()
             return
         if lost:
             return
@@ -595,7 +665,10 @@ class FakeKubelet:
             if first:
                 self._write_status(pod)
             return
-        argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+        argv = [
+            expand(str(a), env)
+            for a in (container.get("command") or []) + (container.get("args") or [])
+        ]
         if argv:
             argv[0] = self.executables.get(argv[0], argv[0])
         labels = (pod.obj.get("metadata") or {}).get("labels") or {}
@@ -613,6 +686,7 @@ class FakeKubelet:
         if not argv:
             self._record_start_failure(pod, "no command specified", now)
             return
+        log = ContainerLog.at_end_of(self.backend.log_path(local_name), local_name)
         try:
             self.backend.launch(
                 PodSpec(
@@ -634,6 +708,7 @@ class FakeKubelet:
             self._record_start_failure(pod, f"exec: {argv[0]!r}: executable file not found", now)
             return
         with self._lock:
+            self._logs[pod.uid] = log
             pod.state = "running"
             pod.applied = (cpu, memory_mb)
             pod.started_at = now
@@ -731,6 +806,7 @@ class FakeKubelet:
     def _on_exit(self, pod: _Pod, status: PodStatus) -> None:
         """The process ended on its own (or was OOM-killed)."""
         terminated = self._terminated_state(pod, status)
+        self._finish_log(pod)
         with self._lock:
             pod.terminated = terminated
             pod.state = "terminated"
@@ -757,6 +833,7 @@ class FakeKubelet:
         if pod.local_name and pod.state == "running":
             self.backend.delete(pod.local_name, grace_s=grace_s)
             status = next((s for s in self.backend.statuses() if s.name == pod.local_name), None)
+            self._finish_log(pod)
             with self._lock:
                 pod.terminated = self._terminated_state(pod, status)
                 pod.state = "terminated"
@@ -929,6 +1006,9 @@ class FakeKubelet:
                         self.status_writes.append(
                             StatusWrite(at, pod.namespace, pod.name, phase, reason)
                         )
+                        log = self._logs.get(pod.uid) if pod.state == "terminated" else None
+                    if log is not None:  # reported terminated: a follower's stream ends
+                        log.end()
                     return
                 if code != 409:
                     return
@@ -1001,23 +1081,108 @@ class FakeKubelet:
         }
 
     def _resolve_env(self, pod: _Pod, container: Json) -> dict[str, str]:
+        """The container's environment as the kubelet builds it: in order, a ``value``
+        expanded against the variables defined before it, a ``valueFrom`` resolved (never
+        expanded); another source keeps the pod waiting (:class:`_ConfigError`)."""
         env: dict[str, str] = {}
         for item in container.get("env") or []:
             name = item.get("name", "")
-            if "value" in item:
-                env[name] = str(item.get("value") or "")
-                continue
-            ref = (item.get("valueFrom") or {}).get("secretKeyRef")
-            if ref is None:
-                raise _ConfigError(f"env {name}: the fake kubelet resolves only secretKeyRef")
-            data = self._secret(pod.namespace, ref.get("name", ""))
-            key = ref.get("key", "")
-            if key not in data:
+            source = item.get("valueFrom")
+            if not source:
+                env[name] = expand(str(item.get("value") or ""), env)
+            elif "fieldRef" in source:
+                env[name] = self._field_value(pod, source["fieldRef"] or {})
+            elif "secretKeyRef" in source:
+                value = self._secret_value(pod, source["secretKeyRef"] or {})
+                if value is not None:
+                    env[name] = value
+            else:
                 raise _ConfigError(
-                    f"couldn't find key {key} in Secret {pod.namespace}/{ref.get('name')}"
+                    f"env {name}: the fake kubelet resolves only fieldRef and secretKeyRef"
                 )
-            env[name] = data[key]
         return env
+
+    def _secret_value(self, pod: _Pod, ref: Json) -> str | None:
+        """A ``secretKeyRef``'s value; None when it is ``optional`` and missing (the variable
+        is then left out, as the kubelet does)."""
+        optional = bool(ref.get("optional"))
+        try:
+            data = self._secret(pod.namespace, ref.get("name", ""))
+        except _ConfigError:
+            if optional:
+                return None
+            raise
+        key = ref.get("key", "")
+        if key not in data:
+            if optional:
+                return None
+            raise _ConfigError(
+                f"couldn't find key {key} in Secret {pod.namespace}/{ref.get('name')}"
+            )
+        return data[key]
+
+    def _field_value(self, pod: _Pod, ref: Json) -> str:
+        """A ``fieldRef`` (the downward API) as the kubelet resolves it: the paths the API
+        server accepts for an env var (it refuses others at creation), from the pod as bound to
+        this node; both IPs are 127.0.0.1 here."""
+        path = str(ref.get("fieldPath") or "")
+        meta, spec = pod.obj.get("metadata") or {}, pod.spec
+        simple = {
+            "metadata.name": meta.get("name", ""),
+            "metadata.namespace": meta.get("namespace", ""),
+            "metadata.uid": meta.get("uid", ""),
+            "spec.nodeName": spec.get("nodeName") or self.node_name,
+            "spec.serviceAccountName": spec.get("serviceAccountName", ""),
+            "status.hostIP": "127.0.0.1",
+            "status.hostIPs": "127.0.0.1",
+            "status.podIP": "127.0.0.1",
+            "status.podIPs": "127.0.0.1",
+        }
+        if path in simple:
+            return str(simple[path])
+        subscripted = _SUBSCRIPT.fullmatch(path)
+        if subscripted is not None:
+            values = meta.get(subscripted.group(1)) or {}
+            return str(values.get(subscripted.group(2), ""))
+        raise _ConfigError(f"unsupported fieldPath: {path}")
+
+
+def default_executables() -> dict[str, str]:
+    """What an image's ``argv[0]`` runs here: ``python``/``python3`` this interpreter (the one
+    with the project installed), ``dlrover-kfp`` its console script beside it (the image has
+    that command on its ``PATH``, deploy/Dockerfile)."""
+    found = {"python": sys.executable, "python3": sys.executable}
+    script = Path(sys.executable).with_name("dlrover-kfp")
+    if script.exists():
+        found["dlrover-kfp"] = str(script)
+    return found
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion (``third_party/forked/golang/expansion``), as the
+    kubelet applies it to an env var's value and to ``command`` and ``args``: ``$(NAME)``
+    becomes ``env[NAME]``, or stays as written when ``NAME`` is not defined; ``$$`` is a
+    literal ``$``; any other ``$``, and an unclosed ``$(``, stay as written."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char != "$" or i + 1 == len(text):
+            out.append(char)
+            i += 1
+            continue
+        following = text[i + 1]
+        if following == "$":
+            out.append("$")
+            i += 2
+        elif following == "(" and (close := text.find(")", i + 2)) != -1:
+            name = text[i + 2 : close]
+            out.append(env.get(name, f"$({name})"))
+            i = close + 1
+        else:  # "$x" or an unclosed "$(": the "$" and the next character as they are
+            out.append(text[i : i + 2])
+            i += 2
+    return "".join(out)
 
 
 def _condition(kind: str, status: str, reason: str, message: str) -> Json:

@@ -3,7 +3,7 @@
 Its pods are only statuses: each starts in the phase the test chose and stays there until the
 test (directly, or from a :class:`~tests.fakes.clock.FakeClock` ``world`` callback) moves it
 on, or until the master deletes it. That is all the runtime asks of a backend
-(launch, delete, statuses, usage, close, and what it says about limits), so the master's
+(launch, delete, statuses, usage, events, close, and what it says about limits), so the master's
 decisions (when it launches the workers, when it stops a pod) can be asserted on the fake
 clock's time without a pod ever running.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from dlrover_kfp.ports import (
+    PodEvent,
     PodNotFoundError,
     PodPhase,
     PodSpec,
@@ -42,6 +43,8 @@ class RunningPods:
         self.resize_s = 0.25
         #: every pod launched, by name, in order
         self.launched: list[str] = []
+        #: every event the master told the cluster, in order
+        self.events: list[PodEvent] = []
 
     def launch(self, pod: PodSpec) -> None:
         self.pods[pod.name] = PodStatus(
@@ -83,6 +86,9 @@ class RunningPods:
 
     def usage(self) -> list[PodUsage]:
         return []
+
+    def emit_event(self, event: PodEvent) -> None:
+        self.events.append(event)
 
     def close(self) -> None:
         pass

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -227,7 +229,7 @@ def test_what_is_not_served_is_refused_loudly(v1: CoreV1Api) -> None:
     """A call the product starts making fails here rather than meeting a half-built fake."""
     v1.create_namespaced_pod("default", pod_body("p"))
     calls: list[Callable[[], object]] = [
-        lambda: v1.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"a": "1"}}}),
+        lambda: v1.patch_namespaced_secret("s", "default", {"metadata": {"labels": {"a": "1"}}}),
         lambda: v1.replace_namespaced_pod("p", "default", v1.read_namespaced_pod("p", "default")),
         lambda: v1.delete_collection_namespaced_pod("default"),
         lambda: v1.list_namespaced_secret("default"),
@@ -240,7 +242,7 @@ def test_what_is_not_served_is_refused_loudly(v1: CoreV1Api) -> None:
     unknown: list[Callable[[], object]] = [
         lambda: v1.list_namespaced_config_map("default"),
         lambda: v1.list_node(),  # noqa: PLW0108 (the client's methods are untyped)
-        lambda: v1.read_namespaced_pod_log("p", "default"),
+        lambda: v1.read_namespaced_pod_ephemeralcontainers("p", "default"),
     ]
     for fetch in unknown:
         with pytest.raises(ApiException) as absent:
@@ -726,10 +728,20 @@ def test_discovery(api: FakeApiServer, tmp_path: Path) -> None:
     api_client = make_client(api, tmp_path)
     assert client.VersionApi(api_client).get_code().git_version.startswith("v1.34")
     resources = {r.name: r for r in CoreV1Api(api_client).get_api_resources().resources}
-    assert set(resources) == {"pods", "pods/status", "pods/binding", "pods/resize", "secrets"}
+    assert set(resources) == {
+        "pods",
+        "pods/status",
+        "pods/binding",
+        "pods/resize",
+        "pods/log",
+        "events",
+        "secrets",
+    }
     assert resources["pods"].short_names == ["po"] and resources["pods"].namespaced
-    assert set(resources["pods"].verbs) == {"create", "delete", "get", "list", "watch"}
+    assert set(resources["pods"].verbs) == {"create", "delete", "get", "list", "patch", "watch"}
     assert resources["pods/status"].verbs == ["get", "patch", "update"]
+    assert resources["pods/log"].verbs == ["get"]
+    assert set(resources["events"].verbs) == {"create", "get", "list", "patch"}
 
 
 # -- coordination.k8s.io/v1 leases -----------------------------------------------------------
@@ -870,3 +882,274 @@ def test_lease_fields_are_decoded_and_validated_like_the_real_server(
     assert refused.value.status == code
     assert message in status_of(refused.value)["message"]
     assert api.list_objects("leases") == []
+
+
+# -- env from the downward API ------------------------------------------------------------------
+
+
+def env_pod(name: str, *env: Json) -> Json:
+    return pod_body(name, env=list(env))
+
+
+def field_env(path: str, name: str = "V", **ref: Any) -> Json:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path, **ref}}}
+
+
+def test_env_value_from_is_validated_as_the_real_server_does(v1: CoreV1Api) -> None:
+    """What a kubelet could not resolve never reaches it: the server refuses it at creation
+    (422), with the real server's causes; a good fieldRef gets its apiVersion defaulted."""
+    created = v1.create_namespaced_pod(
+        "default",
+        env_pod(
+            "ok",
+            field_env("metadata.uid"),
+            field_env("status.podIP", "IP"),
+            field_env("metadata.labels['app.kubernetes.io/name']", "APP"),
+        ),
+    )
+    assert created.spec.containers[0].env[0].value_from.field_ref.api_version == "v1"
+    assert created.spec.service_account_name == "default"  # the admission plugin's default
+    refused = {
+        "status.phase": (
+            "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath",
+            'Unsupported value: "status.phase": supported values: "metadata.name",',
+        ),
+        "metadata.labels": (
+            "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath",
+            'Unsupported value: "metadata.labels"',
+        ),
+        "metadata.owner": (
+            "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath",
+            "error converting fieldPath: field label not supported: metadata.owner",
+        ),
+        "spec.containers['main']": (
+            "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath",
+            "field label does not support subscript",
+        ),
+    }
+    for i, (path, (where, why)) in enumerate(refused.items()):
+        with pytest.raises(ApiException) as bad:
+            v1.create_namespaced_pod("default", env_pod(f"bad{i}", field_env(path)))
+        assert bad.value.status == 422, path
+        [cause] = status_of(bad.value)["details"]["causes"]
+        assert cause["field"] == where and why in cause["message"], (path, cause)
+    two_sources = {
+        "name": "V",
+        "valueFrom": {
+            "fieldRef": {"fieldPath": "metadata.name"},
+            "secretKeyRef": {"name": "s", "key": "k"},
+        },
+    }
+    with_value = {"name": "V", "value": "x", **field_env("metadata.name")}
+    other_version = field_env("metadata.name", apiVersion="v2")
+    for env, why in (
+        (two_sources, "may not have more than one field specified at a time"),
+        (with_value, "may not be specified when `value` is not empty"),
+        (other_version, "unsupported pod version: v2"),
+    ):
+        with pytest.raises(ApiException) as bad:
+            v1.create_namespaced_pod("default", env_pod("bad", env))
+        assert bad.value.status == 422 and why in status_of(bad.value)["message"]
+
+
+# -- pod metadata patches --------------------------------------------------------------------
+
+
+def test_pod_patch_changes_its_metadata_only(v1: CoreV1Api, api: FakeApiServer) -> None:
+    """A strategic merge patch of a pod (an annotation, a label) as the real server takes it:
+    its status stays the kubelet's, its spec may not change (422), and a watch whose selector
+    the pod stops matching sees it DELETED."""
+    v1.create_namespaced_pod("default", pod_body("p", {"job": "j"}))
+    events: list[tuple[str, str, str]] = []
+    watcher = collect(v1, events, 3, label_selector="job=j")
+    wait_until(lambda: events)
+    before = v1.read_namespaced_pod("p", "default")
+    patched = v1.patch_namespaced_pod(
+        "p",
+        "default",
+        {"metadata": {"annotations": {"example.com/cancel": "user"}}, "status": {"phase": "X"}},
+    )
+    assert patched.metadata.annotations == {"example.com/cancel": "user"}
+    assert patched.status.phase == "Pending"  # not through the pod: through pods/status
+    assert int(patched.metadata.resource_version) > int(before.metadata.resource_version)
+    with pytest.raises(ApiException) as spec:
+        v1.patch_namespaced_pod("p", "default", {"spec": {"restartPolicy": "Always"}})
+    assert spec.value.status == 422
+    assert "pod updates may not change fields other than" in status_of(spec.value)["message"]
+    v1.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"job": "other"}}})
+    watcher.join(timeout=5)
+    assert [kind for kind, _, _ in events] == ["ADDED", "MODIFIED", "DELETED"]
+    assert ("", "pods", "patch") in api.rbac_verbs()
+
+
+# -- events --------------------------------------------------------------------------------------
+
+
+def event_body(pod: Any, **fields: Any) -> Json:
+    now = "2026-11-27T05:40:00.123456+00:00"  # what the client sends for an aware datetime
+    body: Json = {
+        "metadata": {"generateName": f"{pod.metadata.name}."},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": pod.metadata.name,
+            "namespace": "default",
+            "uid": pod.metadata.uid,
+        },
+        "reason": "Relaunched",
+        "message": "worker 1 relaunched after OOMKilled",
+        "type": "Warning",
+        "source": {"component": "dlrover-kfp-master"},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    body.update(fields)
+    return body
+
+
+def test_events_are_created_listed_by_object_and_patched(v1: CoreV1Api, api: FakeApiServer) -> None:
+    """core/v1 Events: what a master reports and what ``kubectl describe pod`` lists (by a
+    field selector on the involved object); a repeat is a patch of count and lastTimestamp."""
+    first = v1.create_namespaced_pod("default", pod_body("w-0"))
+    other = v1.create_namespaced_pod("default", pod_body("w-1"))
+    made = v1.create_namespaced_event("default", event_body(first))
+    assert made.metadata.name.startswith("w-0.") and len(made.metadata.name) == len("w-0.") + 5
+    assert made.first_timestamp.isoformat() == "2026-11-27T05:40:00+00:00"  # whole seconds
+    v1.create_namespaced_event("default", event_body(other, reason="Scaled", type="Normal"))
+    assert v1.read_namespaced_event(made.metadata.name, "default").reason == "Relaunched"
+
+    def listed(selector: str) -> list[str]:
+        found = v1.list_namespaced_event("default", field_selector=selector)
+        return sorted(e.involved_object.name for e in found.items)
+
+    describe = (
+        f"involvedObject.uid={first.metadata.uid},involvedObject.name=w-0,"
+        "involvedObject.namespace=default"
+    )
+    assert listed(describe) == ["w-0"]
+    assert listed("involvedObject.kind=Pod") == ["w-0", "w-1"]
+    assert listed("type!=Warning,reason==Scaled") == ["w-1"]
+    assert listed("source=dlrover-kfp-master") == ["w-0", "w-1"]
+    with pytest.raises(ApiException) as unknown:
+        listed("involvedObject.labels=x")
+    assert unknown.value.status == 400
+
+    later = "2026-11-27T05:41:30Z"
+    repeat = v1.patch_namespaced_event(
+        made.metadata.name, "default", {"count": 2, "lastTimestamp": later}
+    )
+    assert (repeat.count, repeat.last_timestamp.isoformat()) == (2, "2026-11-27T05:41:30+00:00")
+    assert repeat.message == made.message
+    assert {("", "events", "create"), ("", "events", "list"), ("", "events", "patch")} <= (
+        api.rbac_verbs()
+    )
+
+
+def test_events_are_validated_as_core_v1_validates_them(v1: CoreV1Api) -> None:
+    """What a real server refuses of a core/v1 Event, and what it lets through (a ``type``
+    other than Normal or Warning: that check is the events.k8s.io API's only)."""
+    pod = v1.create_namespaced_pod("default", pod_body("w-0"))
+    odd = v1.create_namespaced_event("default", event_body(pod, type="Odd"))
+    assert odd.type == "Odd"
+
+    naive = event_body(pod, firstTimestamp="2026-11-27T05:40:00.123456")  # no zone
+    with pytest.raises(ApiException) as decode:
+        v1.create_namespaced_event("default", naive)
+    assert decode.value.status == 400
+    assert 'cannot parse "" as "Z07:00"' in status_of(decode.value)["message"]
+
+    elsewhere = event_body(pod)
+    elsewhere["involvedObject"]["namespace"] = "kube-system"
+    with pytest.raises(ApiException) as mismatch:
+        v1.create_namespaced_event("default", elsewhere)
+    assert mismatch.value.status == 422
+    [cause] = status_of(mismatch.value)["details"]["causes"]
+    assert cause["field"] == "involvedObject.namespace"
+
+    # A "new" event (with eventTime) needs what identifies its reporter and action.
+    new = event_body(pod, eventTime="2026-11-27T05:40:00.123456Z", reason="")
+    with pytest.raises(ApiException) as incomplete:
+        v1.create_namespaced_event("default", new)
+    fields = {c["field"] for c in status_of(incomplete.value)["details"]["causes"]}
+    assert fields == {"reportingComponent", "reportingInstance", "action", "reason"}
+    complete = dict(
+        new, reason="Scaled", action="Scale", reportingComponent="dlrover-kfp.io/master",
+        reportingInstance="master-0",
+    )  # fmt: skip
+    assert v1.create_namespaced_event("default", complete).action == "Scale"
+
+    unnamed = event_body(pod, metadata={})
+    with pytest.raises(ApiException) as no_name:
+        v1.create_namespaced_event("default", unnamed)
+    assert no_name.value.status == 422
+
+
+# -- pods/log: what the server answers before the kubelet --------------------------------------
+
+
+def raw_log(api: FakeApiServer, name: str, query: str = "") -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", api.port, timeout=5)
+    conn.request("GET", f"/api/v1/namespaces/default/pods/{name}/log{query}")
+    response = conn.getresponse()
+    found = response.status, response.read()
+    conn.close()
+    return found
+
+
+def test_pod_log_requests_the_server_answers_itself(v1: CoreV1Api, api: FakeApiServer) -> None:
+    """The options and the container are the server's to check; an unscheduled pod's log is
+    empty; a node without a kubelet cannot be reached; ``get pods/log`` is its own right."""
+    v1.create_namespaced_pod("default", pod_body("alone"))
+    assert raw_log(api, "alone") == (200, b"")  # not on a node: nothing to proxy to
+    two = pod_body("two")
+    two["spec"]["containers"].append(dict(two["spec"]["containers"][0], name="sidecar"))
+    v1.create_namespaced_pod("default", two)
+    code, body = raw_log(api, "two")
+    assert code == 400
+    assert json.loads(body)["message"] == (
+        "a container name must be specified for pod two, choose one of: [main sidecar]"
+    )
+    for query, status in (
+        ("?tailLines=x", 400),
+        ("?sinceTime=2026-11-27T05:40:00", 400),
+        ("?sinceSeconds=5&sinceTime=2026-11-27T05:40:00Z", 422),
+        ("?limitBytes=0", 422),
+    ):
+        assert raw_log(api, "alone", query)[0] == status, query
+    assert raw_log(api, "absent")[0] == 404
+
+    binding = {"target": {"name": "gone-node"}, "metadata": {"name": "alone"}}
+    v1.create_namespaced_pod_binding("alone", "default", binding, _preload_content=False)
+    code, body = raw_log(api, "alone")
+    assert code == 500 and "gone-node:10250/containerLogs/default/alone/main" in body.decode()
+
+    api.forbid("get", "pods/log")
+    with pytest.raises(ApiException) as forbidden:
+        v1.read_namespaced_pod_log("two", "default", container="main")
+    assert forbidden.value.status == 403
+    assert [c.rbac_resource for c in api.client_calls() if c.code == 403] == ["pods/log"]
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed here")
+def test_kubectl_describe_pod_lists_its_events(
+    v1: CoreV1Api, api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The field selector ``kubectl describe pod`` sends finds the pod's events, not others."""
+    pod = v1.create_namespaced_pod("default", pod_body("w-0"))
+    v1.create_namespaced_event("default", event_body(pod))
+    other = v1.create_namespaced_pod("default", pod_body("w-1"))
+    v1.create_namespaced_event("default", event_body(other, reason="Scaled", message="other"))
+    config = api.write_kubeconfig(tmp_path / "kubectl-config")
+    described = subprocess.run(
+        ["kubectl", "--kubeconfig", str(config), "describe", "pod", "w-0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
+    events = described.split("Events:", 1)[1]
+    assert "Warning  Relaunched" in events and "dlrover-kfp-master" in events
+    assert "worker 1 relaunched after OOMKilled" in events and "other" not in events
+    [listing] = [c for c in api.calls if c.resource == "events" and c.verb == "list"]
+    assert "fieldSelector=involvedObject" in listing.path

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -181,13 +184,13 @@ def test_pod_runs_to_completion_with_env_from_a_secret(cluster: Cluster, tmp_pat
     )
     env: list[Json] = [
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
-        {"name": "PLAIN", "value": "$(TOKEN)"},  # no expansion: the backend's pods need none
+        {"name": "PLAIN", "value": "$(TOKEN)"},  # expanded from the variables before it
     ]
     events = PodWatch(v1)
     v1.create_namespaced_pod("default", pod("w-0", code, str(out), env=env))
     done = events.wait(phase_is("w-0", "Succeeded", "Failed"))
     assert events.phases("w-0") == ["Pending", "Running", "Succeeded"]
-    assert out.read_text() == "hunter2 $(TOKEN)"
+    assert out.read_text() == "hunter2 hunter2"
     running = events.wait(phase_is("w-0", "Running"))
     started = container_state(running)["running"]["startedAt"]
     assert running["status"]["podIP"] == "127.0.0.1" and running["status"]["startTime"]
@@ -399,3 +402,204 @@ def test_kubelet_relists_after_its_watch_expires(cluster: Cluster) -> None:
         raise AssertionError("the kubelet did not run a pod created after its watch expired")
     lists = [c for c in cluster.api.calls if c.from_kubelet and c.verb == "list"]
     assert len(lists) == 2  # the initial list and the relist after the 410
+
+
+# -- the downward API, $(VAR) expansion, the image's command -----------------------------------
+
+# Writes its argv and the variables it was given to argv[1], as JSON.
+DUMP_ENV = (
+    "import json, os, sys\n"
+    "keys = ('POD_NAME', 'POD_NAMESPACE', 'POD_UID', 'POD_IP', 'NODE', 'ACCOUNT', 'ROLE',\n"
+    "        'NOTE', 'GREETING')\n"
+    "env = {k: os.environ.get(k) for k in keys}\n"
+    "open(sys.argv[1], 'w').write(json.dumps({'argv': sys.argv[2:], 'env': env}))\n"
+)
+
+
+def field_env(name: str, path: str) -> Json:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def test_env_from_the_downward_api_and_expansion_in_command_and_args(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """What a master pod's manifest relies on (deploy/master-pod.yaml): ``fieldRef`` env and
+    ``$(POD_NAMESPACE)`` in its command line, resolved as the kubelet resolves them."""
+    out = tmp_path / "env.json"
+    env = [
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env("POD_UID", "metadata.uid"),
+        field_env("POD_IP", "status.podIP"),
+        field_env("NODE", "spec.nodeName"),
+        field_env("ACCOUNT", "spec.serviceAccountName"),
+        field_env("ROLE", "metadata.labels['role']"),
+        field_env("NOTE", "metadata.annotations['example.com/note']"),
+        {"name": "GREETING", "value": "hello $(POD_NAME) $(LATER) $$(POD_NAME)"},
+    ]
+    body = pod("downward", DUMP_ENV, str(out), env=env)
+    body["metadata"]["annotations"] = {"example.com/note": "noted"}
+    body["spec"]["serviceAccountName"] = "dlrover-kfp-master"
+    body["spec"]["containers"][0]["args"] += [
+        "--namespace=$(POD_NAMESPACE)",
+        "$(UNDEFINED)",
+        "$$(POD_NAME)",
+        "cost: $5",
+        "$(POD_IP",
+    ]
+    created = cluster.v1.create_namespaced_pod("default", body)
+    seen = json.loads(wait_text(out))
+    assert seen["env"] == {
+        "POD_NAME": "downward",
+        "POD_NAMESPACE": "default",
+        "POD_UID": created.metadata.uid,
+        "POD_IP": "127.0.0.1",
+        "NODE": "fake-node-0",
+        "ACCOUNT": "dlrover-kfp-master",
+        "ROLE": "worker",
+        "NOTE": "noted",
+        # a value is expanded from the variables before it only; "$$" is a literal "$"
+        "GREETING": "hello downward $(LATER) $(POD_NAME)",
+    }
+    # an undefined reference, an escaped one, a lone "$" and an unclosed "$(" stay as written
+    assert seen["argv"] == [
+        "--namespace=default",
+        "$(UNDEFINED)",
+        "$(POD_NAME)",
+        "cost: $5",
+        "$(POD_IP",
+    ]
+
+
+def test_dlrover_kfp_is_the_images_command(cluster: Cluster) -> None:
+    """``dlrover-kfp`` as argv[0] runs this project's console script, as in the image, even
+    where this environment's ``bin`` is not on the pod's ``PATH``."""
+    body = pod("cli", "", env=[{"name": "PATH", "value": "/usr/bin:/bin"}])
+    body["spec"]["containers"][0]["command"] = ["dlrover-kfp", "--version"]
+    cluster.v1.create_namespaced_pod("default", body)
+    done = wait_phase(cluster.v1, "cli", ("Succeeded", "Failed"), timeout_s=30)
+    assert done["status"]["phase"] == "Succeeded"
+    assert read_log(cluster.v1, "cli").startswith(b"dlrover-kfp ")
+
+
+# -- pods/log ------------------------------------------------------------------------------------
+
+# Prints a line, another 0.4 s later, then after 1.2 s more two lines and an unterminated one,
+# then waits for argv[1] to appear before it exits.
+TALK = (
+    "import os, sys, time\n"
+    "print('first', flush=True)\n"
+    "time.sleep(0.4)\n"
+    "print('second', flush=True)\n"
+    "time.sleep(1.2)\n"
+    "print('third\\nfourth', flush=True)\n"
+    "sys.stderr.write('no newline')\n"
+    "sys.stderr.flush()\n"
+    "while not os.path.exists(sys.argv[1]):\n"
+    "    time.sleep(0.02)\n"
+)
+STAMPED = re.compile(rb"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9})Z (.*)")
+
+
+def stamped(line: bytes) -> tuple[float, bytes]:
+    """A line served with ``timestamps``: its time (to the microsecond) and its text."""
+    match = STAMPED.fullmatch(line)
+    assert match is not None, f"not RFC 3339 with nanoseconds, a space, the line: {line!r}"
+    return datetime.fromisoformat(match.group(1).decode()[:26] + "+00:00").timestamp(), match[2]
+
+
+def wait_phase(v1: CoreV1Api, name: str, phases: tuple[str, ...], timeout_s: float = 10.0) -> Json:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = v1.read_namespaced_pod(name, "default", _preload_content=False)
+        found: Json = json.loads(response.data)
+        if found["status"].get("phase") in phases:
+            return found
+        assert time.monotonic() < deadline, f"{name} not {phases} in {timeout_s}s: {found}"
+        time.sleep(0.05)
+
+
+def read_log(v1: CoreV1Api, name: str, **options: Any) -> bytes:
+    """The log through the official client, its bytes as sent (no decoding)."""
+    response = v1.read_namespaced_pod_log(name, "default", _preload_content=False, **options)
+    data: bytes = response.data
+    return data
+
+
+def wait_log(v1: CoreV1Api, name: str, text: bytes, timeout_s: float = 10.0) -> bytes:
+    deadline = time.monotonic() + timeout_s
+    while text not in (log := read_log(v1, name)):
+        assert time.monotonic() < deadline, f"{text!r} not in the log of {name}: {log!r}"
+        time.sleep(0.05)
+    return log
+
+
+def log_error(v1: CoreV1Api, name: str, **options: Any) -> tuple[int, str]:
+    with pytest.raises(ApiException) as refused:
+        read_log(v1, name, **options)
+    return refused.value.status, json.loads(refused.value.body)["message"]
+
+
+def test_pod_log_as_the_kubelet_serves_it(cluster: Cluster, tmp_path: Path) -> None:
+    """``pods/NAME/log`` through the official client: stdout and stderr, each line stamped
+    when it was written (to the runtime's poll), tail, since, limit, follow, and what a real
+    server refuses; readable once the container has ended, gone with the pod."""
+    v1, done = cluster.v1, tmp_path / "done"
+    v1.create_namespaced_pod("default", pod("talk", TALK, str(done)))
+    wait_phase(v1, "talk", ("Running",))
+    wait_log(v1, "talk", b"second\n")
+    follower = v1.read_namespaced_pod_log("talk", "default", follow=True, _preload_content=False)
+    [(t1, first), (t2, second)] = map(stamped, read_log(v1, "talk", timestamps=True).splitlines())
+    assert (first, second) == (b"first", b"second")
+    assert 0.3 <= t2 - t1 <= 2.0  # each line its own time, not the read's
+
+    wait_log(v1, "talk", b"fourth\n")
+    assert read_log(v1, "talk", since_seconds=1) == b"third\nfourth\n"  # 1.2 s after second
+    # written in one go, read in one go: still a time each, in order (the runtime's per line)
+    lines = read_log(v1, "talk", timestamps=True).splitlines()
+    assert lines[2].endswith(b" third") and lines[3].endswith(b" fourth")
+    assert lines[2].partition(b" ")[0] < lines[3].partition(b" ")[0]  # fixed width: sortable
+    time.sleep(0.2)  # "no newline" is written too, but a line is recorded once it ends
+    whole = b"first\nsecond\nthird\nfourth\n"
+    assert read_log(v1, "talk") == whole
+    assert read_log(v1, "talk", tail_lines=2) == b"third\nfourth\n"
+    assert read_log(v1, "talk", tail_lines=0) == b""
+    assert read_log(v1, "talk", limit_bytes=8) == b"first\nse"
+    assert read_log(v1, "talk", container="main") == whole
+
+    assert log_error(v1, "talk", previous=True) == (
+        400,
+        'previous terminated container "main" in pod "talk" not found',
+    )
+    assert log_error(v1, "talk", container="sidecar") == (
+        400,
+        "container sidecar is not valid for pod talk",
+    )
+    assert log_error(v1, "talk", tail_lines=-1)[0] == 422
+    assert log_error(v1, "talk", since_seconds=0)[0] == 422
+    assert log_error(v1, "talk", limit_bytes=0)[0] == 422
+
+    done.write_text("")  # the container ends: the follower's stream ends with its last line
+    assert follower.read() == whole + b"no newline"
+    ended = wait_phase(v1, "talk", ("Succeeded", "Failed"))
+    assert ended["status"]["phase"] == "Succeeded"
+    assert read_log(v1, "talk", tail_lines=1) == b"no newline"  # after its end, as it was
+    assert ("", "pods/log", "get") in cluster.api.rbac_verbs()
+
+    v1.delete_namespaced_pod("talk", "default")
+    assert log_error(v1, "talk") == (404, 'pods "talk" not found')
+
+
+def test_pod_log_of_a_container_not_started(cluster: Cluster) -> None:
+    """No log yet: 400 with the container's waiting reason, as the kubelet says it."""
+    env = [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}]
+    cluster.v1.create_namespaced_pod("default", pod("blocked", "", env=env))
+    wait_phase(cluster.v1, "blocked", ("Pending",))
+    deadline = time.monotonic() + 10
+    while (found := log_error(cluster.v1, "blocked"))[1].endswith("ContainerCreating"):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert found == (
+        400,
+        'container "main" in pod "blocked" is waiting to start: CreateContainerConfigError',
+    )
