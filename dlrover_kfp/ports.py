@@ -54,6 +54,13 @@ class HistoryStore(Protocol):
         """Store many profiles atomically (all or none); return how many were new."""
         ...
 
+    def replace(self, profile: JobProfile) -> bool:
+        """Store ``profile`` in place of the stored profile with its ``run_id`` (or as a new
+        run): a re-run of the same logical run (an orchestrator's retry or re-run, which keeps
+        the run id) supersedes the earlier attempt instead of adding a second run. False, and
+        no change, when the stored profile is equal to it."""
+        ...
+
     def get(self, run_id: str) -> JobProfile:
         """The stored profile; :class:`~dlrover_kfp.errors.NotFoundError` if absent."""
         ...
@@ -324,6 +331,25 @@ class ResizeOutcome:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodEvent:
+    """Something the job master did to a pod or saw of it (a scale, a move, a relaunch, an
+    OOM kill), told to whoever watches the cluster rather than the run: on Kubernetes an Event
+    on the pod, which ``kubectl describe pod`` and ``kubectl get events`` show beside the
+    kubelet's own (docs/observability.md).
+
+    ``pod`` is the pod's name; None for the job as a whole (a new plan), which a backend puts on
+    the master's own pod where it runs in one. ``reason`` is one CamelCase word, as the
+    kubelet's (``Scaled``, ``OOMKilled``); ``warning`` marks what went wrong (Kubernetes' type
+    ``Warning``) apart from what the master chose to do (``Normal``).
+    """
+
+    pod: str | None
+    reason: str
+    message: str
+    warning: bool = False
+
+
 class ClusterBackend(Protocol):
     """Launches, watches and stops one job's pods. Safe to call from several threads.
 
@@ -370,6 +396,13 @@ class ClusterBackend(Protocol):
 
     def usage(self) -> list[PodUsage]:
         """CPU and memory of the running pods only (a pod that just ended is left out)."""
+        ...
+
+    def emit_event(self, event: PodEvent) -> None:
+        """Tell the cluster's users about ``event`` (see :class:`PodEvent`). Best effort: an
+        event the cluster does not take (an API error, no right to create Events, a closed
+        backend) is logged and dropped, never raised, and is retried for a moment at most, so
+        that telling about a run never slows or fails it."""
         ...
 
     def close(self) -> None:

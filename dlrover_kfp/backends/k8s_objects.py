@@ -34,7 +34,7 @@ from dlrover_kfp.backends.api import last_error_line
 from dlrover_kfp.core.profile import Role
 from dlrover_kfp.core.quantity import quantity_cores, quantity_mebibytes
 from dlrover_kfp.errors import UserInputError
-from dlrover_kfp.ports import PodPhase, PodReason, PodSpec, PodStatus
+from dlrover_kfp.ports import PodEvent, PodPhase, PodReason, PodSpec, PodStatus
 
 #: Labels every object of a job carries (with ``job``: :func:`job_labels`).
 MANAGED_BY = {"app.kubernetes.io/managed-by": "dlrover-kfp"}
@@ -43,6 +43,9 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "dlrover-kfp"}
 #: pod gets as an ``emptyDir`` in memory. Its pages count against the pod's memory limit (the
 #: plan's PS memory includes the snapshot buffer for that reason).
 SHM_PATH = "/dev/shm"
+#: The annotation a user's canceller sets on a job master's pod before deleting it, the reason
+#: as its value: the master then ends the run as cancelled (dlrover_kfp/runtime/cancel.py).
+CANCEL_ANNOTATION = "dlrover-kfp.io/cancel"
 
 #: The ``DisruptionTarget`` condition's reasons (Kubernetes 1.26+) -> why the pod stopped.
 _DISRUPTIONS = {
@@ -369,6 +372,59 @@ def render_lease(
             "renewTime": micro_time(now),
             "leaseTransitions": transitions,
         },
+    }
+
+
+#: Who tells the job's Events: their ``source.component`` and ``reportingComponent``, what
+#: ``kubectl get events`` shows under SOURCE.
+EVENT_SOURCE = "dlrover-kfp-master"
+#: The longest Event message sent (events.k8s.io's limit for an Event's note; client-go cuts
+#: core/v1 messages to the same): a message, not a log.
+MAX_EVENT_MESSAGE = 1024
+#: The longest ``reportingInstance`` the API server accepts.
+_MAX_REPORTING_INSTANCE = 128
+
+
+def render_event(
+    event: PodEvent,
+    subject: OwnerRef,
+    namespace: str,
+    *,
+    instance: str,
+    now: float,
+    labels: Mapping[str, str],
+) -> dict[str, Any]:
+    """A core/v1 Event about ``subject`` (the pod, or the master's own pod for the job as a
+    whole) as the kubelet's own are written: named ``<object>.<nanoseconds in hex>`` as
+    client-go names them, count 1, first and last seen ``now``, without ``eventTime`` (which
+    would make it a new-style Event that needs an ``action``). ``kubectl describe pod`` finds
+    it by the involved object's name, namespace and uid; the job's labels let ``kubectl get
+    events -l`` select a job's Events. An empty uid (a pod not seen by the watch yet) is left
+    out rather than sent wrong."""
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    involved = {
+        "apiVersion": subject.api_version,
+        "kind": subject.kind,
+        "name": subject.name,
+        "namespace": namespace,
+    } | ({"uid": subject.uid} if subject.uid else {})
+    message = event.message
+    if len(message) > MAX_EVENT_MESSAGE:
+        message = message[: MAX_EVENT_MESSAGE - 3] + "..."
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": _metadata(f"{subject.name}.{int(now * 1e9):x}", namespace, labels, None),
+        "involvedObject": involved,
+        "reason": event.reason,
+        "message": message,
+        "type": "Warning" if event.warning else "Normal",
+        "count": 1,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "source": {"component": EVENT_SOURCE},
+        "reportingComponent": EVENT_SOURCE,
+        "reportingInstance": instance[:_MAX_REPORTING_INSTANCE],
     }
 
 

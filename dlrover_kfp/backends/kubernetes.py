@@ -64,14 +64,17 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException  # type: ignore[import-untyped]
 
 from dlrover_kfp.backends.k8s_objects import (
+    CANCEL_ANNOTATION,
     Holder,
     KubernetesSettings,
     LeaseRecord,
+    OwnerRef,
     job_labels,
     lease_name,
     lease_record,
     micro_time,
     pod_status,
+    render_event,
     render_lease,
     render_pod,
     render_secret,
@@ -86,6 +89,7 @@ from dlrover_kfp.errors import PermanentError, TransientError, UserInputError
 from dlrover_kfp.ports import (
     BackendClosedError,
     BackendError,
+    PodEvent,
     PodExistsError,
     PodNotFoundError,
     PodPhase,
@@ -233,6 +237,9 @@ _WATCH_ERRORS: tuple[type[BaseException], ...] = (*_CONNECTION_ERRORS, ValueErro
 #: 403 (a Role from before resize: deploy/rbac.yaml grants ``pods/resize``). The pod is then
 #: replaced instead, as on a cluster without in-place resize.
 _RESIZE_REFUSED = frozenset({403, 404, 405, 422})
+#: Seconds an Event is retried for (a 429, a 5xx): a moment, since telling about the run must
+#: not hold up the master's loop, and a lost Event loses nothing the profile does not have.
+EVENT_RETRY_S = 2.0
 #: Seconds between two reads of a pod being resized: the kubelet actuates a CPU change in
 #: well under a second.
 _RESIZE_POLL_S = 0.1
@@ -542,6 +549,66 @@ class KubernetesBackend:
                 )
             )
         return out
+
+    def owner_cancel_reason(self) -> str | None:
+        """Why a user cancelled this master, read from its own pod's annotation
+        (:data:`~dlrover_kfp.runtime.cancel.CANCEL_ANNOTATION`, set by the canceller before it
+        deletes the pod); None for a master outside the cluster, or when the stop was not a
+        cancel (a drain, an eviction) or the pod cannot be read."""
+        owner = self.settings.owner
+        if owner is None:
+            return None
+        try:
+            found = self._call(
+                f"get pod {owner.name}",
+                self._core.read_namespaced_pod,
+                owner.name,
+                self.namespace,
+                ok_missing=True,
+                deadline_s=5.0,
+                _preload_content=False,
+            )
+        except (KubernetesApiError, TransientError) as exc:
+            log.warning("cannot read the master's pod %s for a cancel: %s", owner.name, exc)
+            return None
+        if found is None:
+            return None
+        annotations = json.loads(found.data).get("metadata", {}).get("annotations") or {}
+        reason = annotations.get(CANCEL_ANNOTATION)
+        return str(reason) if reason else None
+
+    def emit_event(self, event: PodEvent) -> None:
+        """Create a core/v1 Event on the pod (:func:`.k8s_objects.render_event`); one about the
+        job as a whole goes on the master's own pod, and is only logged for a master outside
+        the cluster (it has no pod). Retried for :data:`EVENT_RETRY_S` at most; a refusal (a
+        Role without ``events`` ``create``), a closed backend or a lost Lease drops it with a
+        log line."""
+        with self._lock:
+            dropped = "closed" if self._closed else self._lease_lost
+            uid = self._uids.get(event.pod, "") if event.pod else ""
+        subject = self.settings.owner if event.pod is None else OwnerRef(name=event.pod, uid=uid)
+        if dropped is not None or subject is None:
+            why = dropped or "no master pod to put a job's event on"
+            log.debug("kubernetes: event %s not created (%s): %s", event.reason, why, event)
+            return
+        body = render_event(
+            event,
+            subject,
+            self.namespace,
+            instance=self.holder,
+            now=time.time(),
+            labels=self._labels,
+        )
+        try:
+            self._call(
+                f"create event {event.reason} on {subject.name}",
+                self._core.create_namespaced_event,
+                self.namespace,
+                body,
+                deadline_s=EVENT_RETRY_S,
+            )
+        except BackendError as exc:
+            log.warning("kubernetes: event not created, the run goes on: %s", exc)
 
     def close(self) -> None:
         """Deletes the run's pods (running ones with a short grace) and its Secret, then stops

@@ -81,6 +81,7 @@ from dlrover_kfp.core.pod_env import POD_SHM_ENV
 from dlrover_kfp.files import memory_dir, write_atomic
 from dlrover_kfp.ports import (
     BackendClosedError,
+    PodEvent,
     PodExistsError,
     PodNotFoundError,
     PodPhase,
@@ -477,6 +478,17 @@ class LocalBackend:
                 )
             )
         return result
+
+    def emit_event(self, event: PodEvent) -> None:
+        """A debug log line: a machine has no event stream, and the run's own progress
+        lines already say the same to whoever started it."""
+        logger.debug(
+            "event %s %s on %s: %s",
+            "Warning" if event.warning else "Normal",
+            event.reason,
+            event.pod or "the job",
+            event.message,
+        )
 
     def close(self, grace_s: float = 5.0) -> None:
         """Delete every running pod (all at once, one ``grace_s`` in total), kill any other

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from dlrover_kfp.runtime.kube import (
     run_kubernetes,
 )
 from dlrover_kfp.runtime.launch import record_run, run_local, unwind_on_sigterm
+from dlrover_kfp.runtime.metrics import DEFAULT_METRICS_PORT
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.steps.spec import load_spec_file
 
@@ -101,10 +103,26 @@ def register(sub: Any) -> None:
         "similar jobs the plan names",
     )
     parser.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="the run's id in the history (default: NAME-TIME). An orchestrator gives every "
+        "attempt of one logical run the same id, so that a re-run replaces its earlier attempt "
+        "in the history instead of adding a second run (a DNS label: a-z, 0-9, '-', <= 63)",
+    )
+    parser.add_argument(
         "--no-record",
         action="store_true",
         help="with --history: read it, but leave recording the profile to `dlrover-kfp "
         "record` (a pipeline's record step); a failed run is recorded all the same",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve the job master's Prometheus metrics at http://HOST:PORT/metrics while it "
+        f"runs (docs/observability.md); 0: none. Default: {DEFAULT_METRICS_PORT} on all "
+        "interfaces for a --backend kubernetes master in a pod (its `metrics` port); none "
+        "elsewhere (runs on one machine would share a port)",
     )
     kube = parser.add_argument_group("kubernetes (with --backend kubernetes)")
     kube.add_argument("--namespace", metavar="NS", help="the namespace of the job's pods")
@@ -131,6 +149,10 @@ def register(sub: Any) -> None:
     )
     add_history_option(parser)
     parser.set_defaults(func=_run)
+
+
+#: a pod label value and DNS-1123 label: the run id labels every pod of the run
+_RUN_ID = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def _kube_options(args: argparse.Namespace) -> KubeOptions:
@@ -175,6 +197,7 @@ def _settings(args: argparse.Namespace, kube: KubeOptions | None) -> RunSettings
         checkpoint_interval_s=args.checkpoint_interval,
         sample_interval_s=args.sample_interval,
         seed=args.seed,
+        metrics_port=args.metrics_port,  # None: the backend's default
     )
     if kube is None:
         return settings
@@ -197,6 +220,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.dry_run and args.backend != "kubernetes":
         raise UserInputError("--dry-run: only with --backend kubernetes")
     kube = _kube_options(args) if args.backend == "kubernetes" else None
+    if args.run_id is not None and not _RUN_ID.fullmatch(args.run_id):
+        raise UserInputError(
+            f"--run-id {args.run_id!r}: must be a DNS label (lower-case letters, digits and "
+            "'-', starting and ending with a letter or digit, at most 63 characters)"
+        )
     options = RunOptions(
         output_dir=Path(args.output_dir),
         base_dir=loaded.base_dir,
@@ -207,6 +235,7 @@ def _run(args: argparse.Namespace) -> int:
         fresh=args.fresh,
         record=not args.no_record,
         plan=plan,
+        run_id=args.run_id,
     )
     if kube is not None and args.dry_run:
         return _dry_run(spec, kube, options)

@@ -126,7 +126,10 @@ class JobEvent:
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
 class Outcome:
-    status: Literal["succeeded", "failed"]
+    """How a run ended. ``cancelled``: a user stopped it (an orchestrator's "mark failed",
+    ``dlrover-kfp`` told to cancel), not a fault of the job; its partial measurements are kept."""
+
+    status: Literal["succeeded", "failed", "cancelled"]
     jct_seconds: NonNegFloat
     samples_processed: NonNegInt
     reason: Str = ""

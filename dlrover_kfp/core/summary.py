@@ -26,7 +26,7 @@ class JobSummary:
     dataset_rows: int
     batch_size: int
     started_at: float  # epoch seconds (UTC)
-    status: str  # succeeded | failed
+    status: str  # succeeded | failed | cancelled
     jct_seconds: float
     samples_processed: int
     #: what it ran with at the end (the last applied plan, else the last sample's shape)

@@ -114,15 +114,18 @@ def open_history(url: str) -> SqlHistoryStore:
 
 
 def record_profile(url: str, profile: JobProfile) -> bool:
-    """Store ``profile`` in the history at ``url``; False when it already had that run (a
-    retried pipeline step records nothing twice). The store is open only for the write."""
+    """Store ``profile`` in the history at ``url``, in place of an earlier attempt of the same
+    run (:meth:`~dlrover_kfp.ports.HistoryStore.replace`: an orchestrator's re-run keeps its
+    run id, and the history must hold one run per logical run, the latest attempt). False when
+    the store already held exactly this profile (a retried record step changes nothing). The
+    store is open only for the write."""
     store = open_history(url)
     try:
-        new = store.record(profile)
+        changed = store.replace(profile)
     finally:
         store.close()
-    log.info("history: %s %s", "recorded" if new else "already had", profile.run_id)
-    return new
+    log.info("history: %s %s", "recorded" if changed else "already had", profile.run_id)
+    return changed
 
 
 def _prepare_sqlite_file(url: URL) -> None:

@@ -51,6 +51,15 @@ class InMemoryHistoryStore:
                 self._summaries[profile.run_id] = summary
         return len(fresh)
 
+    def replace(self, profile: JobProfile) -> bool:
+        summary = checked_summary(profile)
+        with self._lock:
+            if self._profiles.get(profile.run_id) == profile:
+                return False
+            self._profiles[profile.run_id] = profile
+            self._summaries[profile.run_id] = summary
+        return True
+
     def get(self, run_id: str) -> JobProfile:
         with self._lock:
             profile = self._profiles.get(run_id)

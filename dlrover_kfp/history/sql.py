@@ -174,6 +174,39 @@ class SqlHistoryStore:
             f"gave up after {_RACE_ATTEMPTS} attempts"
         )
 
+    def replace(self, profile: JobProfile) -> bool:
+        summary = checked_summary(profile)
+        document = profile_to_document(profile)
+        with translated_errors(self._where, self._secret):
+            for _ in range(_RACE_ATTEMPTS):
+                try:
+                    with write_transaction(self._engine) as conn:
+                        stored = conn.execute(
+                            sa.select(profiles.c.document).where(
+                                profiles.c.run_id == profile.run_id
+                            )
+                        ).scalar_one_or_none()
+                        if stored == document:
+                            return False
+                        if stored is not None:
+                            # summaries first: their foreign key names the profile
+                            conn.execute(
+                                sa.delete(job_summaries).where(
+                                    job_summaries.c.run_id == profile.run_id
+                                )
+                            )
+                            conn.execute(
+                                sa.delete(profiles).where(profiles.c.run_id == profile.run_id)
+                            )
+                        _insert(conn, [(profile, summary)])
+                    return True
+                except sa_exc.IntegrityError:
+                    continue  # another writer inserted this run between our read and insert
+        raise HistoryUnavailableError(
+            f"{self._where}: other writers kept storing run {profile.run_id!r}; "
+            f"gave up after {_RACE_ATTEMPTS} attempts"
+        )
+
     # -- reading ---------------------------------------------------------------------------
 
     def get(self, run_id: str) -> JobProfile:

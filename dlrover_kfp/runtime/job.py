@@ -51,11 +51,14 @@ from dlrover_kfp.ports import (
     SystemClock,
 )
 from dlrover_kfp.runtime import signals
+from dlrover_kfp.runtime.cancel import cancel_reason, first_reason
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.export import evaluate_and_export, preload_in_background
 from dlrover_kfp.runtime.liveness import FrozenPs, PsWatch, WatchedPs
 from dlrover_kfp.runtime.master import MasterService, MasterState
+from dlrover_kfp.runtime.metrics import serve_metrics
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
+from dlrover_kfp.runtime.pod_events import EventForwarder
 from dlrover_kfp.runtime.reserve import ProfileReserve
 from dlrover_kfp.runtime.rundir import (
     RunInputsChangedError,
@@ -300,6 +303,11 @@ class JobRun(Generic[P]):
         #: the shape the pods have now: the one it starts with, which an elastic run changes
         self.workers, self.ps = groups
         self.started_wall = self.clock.now()
+        #: a user's cancel since this master started (an older marker is an earlier attempt's)
+        since = self.started_wall
+        self.cancel_reason = first_reason(
+            lambda: cancel_reason(output_dir, since), options.cancel_probe
+        )
         #: the committed checkpoint an interrupted run of this output directory resumes from
         self.resume_from: ckpt.CheckpointChoice | None = None
         #: seconds the run had been going before this master started (a resumed run)
@@ -398,6 +406,9 @@ class JobRun(Generic[P]):
         self.ps_watch = PsWatch(self.state, self.secret, self.clock.monotonic)
         output_dir.mkdir(parents=True, exist_ok=True)
         self.reserve = ProfileReserve(output_dir)  # a full disk still takes the profile
+        # The cluster hears of the events this master records (a resumed run's earlier ones
+        # were told by the master that recorded them): runtime/pod_events.py.
+        self._told = EventForwarder(backend, already=len(self.events))
 
     @property
     def address(self) -> tuple[str, int]:
@@ -603,6 +614,12 @@ class JobRun(Generic[P]):
     def run(self) -> RunResult:
         if self.server is not None:
             raise RuntimeError("a JobRun runs once")
+        # The Prometheus endpoint lives exactly as long as the run (runtime/metrics.py): a
+        # port in use fails here, before anything is written or launched.
+        with serve_metrics(self, self.settings):
+            return self._run()
+
+    def _run(self) -> RunResult:
         checkpoint_dir = self.checkpoint_dir
         if not self.resumed and checkpoint_dir.exists():
             # A new run owns its directory: an earlier run's checkpoints would be restored by
@@ -695,13 +712,23 @@ class JobRun(Generic[P]):
         except JobFailedError as exc:
             reason = str(exc)
             self.progress(f"{self.run_id}: FAILED: {reason}")
+        except KeyboardInterrupt:
+            # A stop signal. A user's cancel ends the run here, with a profile that says so
+            # (the run file is kept: running it again resumes); any other stop propagates and
+            # leaves the run resumable and unrecorded (runtime/cancel.py).
+            cancelled = self.cancel_reason()
+            if cancelled is None:
+                raise
+            status, reason = "cancelled", f"cancelled: {cancelled}"
+            self.progress(f"{self.run_id}: CANCELLED: {cancelled}")
         finally:
             self._release(server)
         jct = self.t()
         samples, _, _, _ = state.totals()
         profile = self._profile(status, reason, jct, samples, metrics)
         self._write_profile(profile)
-        (self.output_dir / RUN_FILE).unlink(missing_ok=True)
+        if status != "cancelled":
+            (self.output_dir / RUN_FILE).unlink(missing_ok=True)
         return RunResult(profile=profile, output_dir=self.output_dir, model_dir=model_dir)
 
     def _write_profile(self, profile: JobProfile) -> None:
@@ -732,6 +759,7 @@ class JobRun(Generic[P]):
             if self._coordinator is not None:
                 # The current one: an elastic run replaces it when it restarts the PS.
                 steps.callback(self._coordinator.close)
+            steps.callback(self.forward_events)  # the last events, while the backend is open
 
     def new_coordinator(
         self, state: MasterState, *, prune_tmp: bool = True
@@ -771,6 +799,7 @@ class JobRun(Generic[P]):
         to the training loop's failure handling, as one failing later would be."""
         launched = False
         while True:
+            self.forward_events()
             statuses = self.backend.statuses()
             ps = [s for s in statuses if s.role == "ps"]
             with state.lock:
@@ -832,6 +861,11 @@ class JobRun(Generic[P]):
             f"eta {_eta(trained, total, recent)}"
         )
 
+    def forward_events(self) -> None:
+        """Tell the cluster the events recorded since the last call (as Kubernetes Events on
+        their pods); called at every turn of the master's loops and once at the end."""
+        self._told.forward(self.events)
+
     def describe_failure(self, pod: PodStatus) -> str:
         """The pod, how it ended and, when its output says, why (its last error line)."""
         why = f": {pod.message}" if pod.message else ""
@@ -849,6 +883,7 @@ class JobRun(Generic[P]):
         finished_at: float | None = None  # when the last shard was done
         while True:
             self.clock.sleep(0.1)
+            self.forward_events()  # those of the previous turn
             t = self.t()
             statuses = self.backend.statuses()
             self.policy.handle_failures(statuses, t)
@@ -980,7 +1015,13 @@ class JobRun(Generic[P]):
             samples=tuple(self.samples),
             events=tuple(self.events),
             outcome=Outcome(
-                status="succeeded" if status == "succeeded" else "failed",
+                status=(
+                    "succeeded"
+                    if status == "succeeded"
+                    else "cancelled"
+                    if status == "cancelled"
+                    else "failed"
+                ),
                 jct_seconds=round(jct, 3),
                 samples_processed=samples,
                 reason=reason,

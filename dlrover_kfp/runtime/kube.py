@@ -33,8 +33,10 @@ from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.runtime.cancel import first_reason
 from dlrover_kfp.runtime.job import Progress, RunResult, trainer_pod
 from dlrover_kfp.runtime.launch import run_job
+from dlrover_kfp.runtime.metrics import pod_defaults
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.runtime.rundir import hold_output_dir
 from dlrover_kfp.training.wire import new_secret
@@ -152,7 +154,11 @@ def run_kubernetes(
         KubernetesBackend(api, cluster, job=spec.name) as backend,
     ):
         planner = options.planner or PlannerSettings()
-        options = replace(options, output_dir=held, planner=planner)
+        probe = first_reason(options.cancel_probe, backend.owner_cancel_reason)
+        settings = pod_defaults(options.settings, os.environ)  # its metrics port
+        options = replace(
+            options, output_dir=held, planner=planner, cancel_probe=probe, settings=settings
+        )
         return run_job(spec, backend, options, progress=progress)
 
 

@@ -16,6 +16,8 @@ from typing import Literal
 
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.planner import PlannerSettings
+from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.runtime.cancel import CancelProbe
 
 #: How a PS change is applied: live (paused only for the switch) or stop-and-restart.
 Migration = Literal["live", "restart"]
@@ -51,6 +53,18 @@ class RunSettings:
     #: seconds a worker may still run once every shard is done (it exits when it asks for the
     #: next one); then it is stopped: a frozen process would otherwise hold the job forever
     finish_grace_s: float = 30.0
+    #: the port of the master's Prometheus endpoint (runtime/metrics.py); 0: none; None: the
+    #: default (8080 for a Kubernetes backend's master in a pod, alone there; none elsewhere,
+    #: where runs on one machine would fight over a port)
+    metrics_port: int | None = None
+    #: the address it listens on; None: every interface in a pod, loopback elsewhere
+    metrics_host: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise UserInputError(
+                f"--metrics-port {self.metrics_port}: must be 0 (no metrics) or a port 1-65535"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +79,8 @@ class RunOptions:
     that history and, with ``record``, the profile recorded in it. ``resume`` goes on from the
     last committed checkpoint of a run an earlier master left unfinished in ``output_dir``;
     ``fresh`` archives an earlier run's files first. ``migration`` says how an elastic run
-    applies a PS change.
+    applies a PS change. A stop signal ends the run resumable and unrecorded, unless a user
+    cancelled it (``cancel_probe``, the marker file): then it ends ``cancelled``.
     """
 
     output_dir: Path
@@ -80,6 +95,9 @@ class RunOptions:
     plan: ResourcePlan | None = None
     planner: PlannerSettings | None = None
     migration: Migration = "live"
+    #: where a user's cancel is told apart from other stops beside the output dir's marker
+    #: (:mod:`~dlrover_kfp.runtime.cancel`): a master in the cluster reads its pod's annotation
+    cancel_probe: CancelProbe | None = None
 
 
 __all__ = ["Migration", "RunOptions", "RunSettings"]

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dlrover_kfp.backends import PodPhase, PodSpec, PodStatus
+from dlrover_kfp.backends import PodEvent, PodPhase, PodSpec, PodStatus
 from dlrover_kfp.backends.k8s_objects import (
     Holder,
     KubernetesSettings,
@@ -450,7 +450,7 @@ def test_the_role_grants_exactly_the_calls_the_backend_makes(
     api: FakeApiServer, kubelet: FakeKubelet, tmp_path: Path
 ) -> None:
     """Every operation of the backend once: launch (Secret made, then a new value updates it),
-    watch, resize, usage, delete, relaunch of a finished pod, close."""
+    watch, resize, usage, an event on a pod, delete, relaunch of a finished pod, close."""
     # A short lease, so that its renewals (get + update) happen within the test.
     with make_backend(api, tmp_path, lease_duration_s=3, lease_renew_s=0.3) as b:
         b.launch(quick("test-worker-0", SLEEP_FOREVER))
@@ -468,6 +468,7 @@ def test_the_role_grants_exactly_the_calls_the_backend_makes(
         wait_for(b, "test-worker-0", running, 20)
         wait_for(b, "test-ps-0", terminal, 20)
         assert b.resize("test-worker-0", 0.25, 256).in_place
+        b.emit_event(PodEvent(pod="test-worker-0", reason="Scaled", message="0.25 cpu"))
         deadline = time.monotonic() + 10
         while not b.usage() and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -153,6 +153,23 @@ class TestHistoryStoreContract:
         assert store.get("run-1") == first
         assert ids(store.list(scenario="other")) == []
 
+    def test_replace_supersedes_an_earlier_attempt_of_the_same_run(
+        self, store: HistoryStore
+    ) -> None:
+        # A re-run of one logical run keeps its run id: the history holds the latest attempt
+        # once, and its summary (what warm starts read) follows.
+        first = make_profile("run-1", workers=4)
+        assert store.replace(first) is True  # new
+        assert store.replace(first) is False  # the same again: no change
+        later = make_profile("run-1", workers=9, scenario="other")
+        assert store.replace(later) is True
+        assert store.count() == 1
+        assert store.get("run-1") == later
+        assert ids(store.list(scenario="other")) == ["run-1"]
+        assert ids(store.list(scenario=first.job.scenario)) == []
+        store.record(make_profile("run-2", started_at=T0 + 1))
+        assert sorted(ids(store.list())) == ["run-1", "run-2"]
+
     def test_get_of_an_unknown_run_names_it(self, store: HistoryStore) -> None:
         with pytest.raises(NotFoundError, match="no-such-run"):
             store.get("no-such-run")
