@@ -40,7 +40,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_plugin.hooks import DEFAULT_CONN_ID, describe_history_url, resolve_history_url
@@ -54,9 +54,11 @@ from airflow_plugin.runs import (
     PROFILE_FILE,
     REPORT_FILE,
     default_output_dir,
+    task_dir,
 )
 from airflow_plugin.triggers import (
     ElasticTrainTrigger,
+    KubernetesTrainTrigger,
     master_alive,
     process_create_time,
     terminate_master,
@@ -70,30 +72,39 @@ from dlrover_kfp.errors import (
 )
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.history import ENV_VAR
+from dlrover_kfp.steps.cancel import CANCEL_FILE, request_cancel
+from dlrover_kfp.steps.image import check_image
 from dlrover_kfp.steps.documents import (
     JobProfile,
     ResourcePlan,
     plan_from_document,
+    profile_from_document,
     standalone_spec_yaml,
     to_dict,
     to_json,
 )
+from dlrover_kfp.steps.run_ids import stable_run_id
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from dlrover_kfp.steps.spec import LoadedSpec
 
-#: Kubernetes options the train operator passes to ``dlrover-kfp run --backend kubernetes``.
+#: The train operator's Kubernetes options (``kubernetes={...}``): where and how the master pod
+#: runs. ``kubeconfig`` and ``context`` are the operator's and trigger's own access to the API
+#: (default: in-cluster, else ``$KUBECONFIG``); the master pod uses its service account.
 KUBE_OPTIONS: Final = (
     "namespace",
     "image",
-    "kubeconfig",
-    "context",
     "claim",
     "mount_path",
-    "master_host",
+    "service_account",
+    "master_cpu",
+    "master_memory",
+    "kubeconfig",
+    "context",
 )
+_MOUNT_PATH: Final = "/var/lib/dlrover-kfp"
 
 
 @contextlib.contextmanager
@@ -162,11 +173,13 @@ class PlanResourcesOperator(_HistoryMixin, BaseOperator):
 
 
 class RecordProfileOperator(_HistoryMixin, BaseOperator):
-    """Record a run's profile in the history store, for the next runs' warm start. Recording a
-    run the store already has (a retried task) changes nothing.
+    """Record a run's profile in the history store, for the next runs' warm start. The run
+    replaces an earlier attempt of the same run (a re-run keeps its run id); recording the same
+    profile again (a retried task) changes nothing.
 
-    :param profile: the path of the run's ``profile.json`` (templated; in a DAG usually
-        ``"{{ ti.xcom_pull(task_ids='train', key='profile') }}"``).
+    :param profile: the run's profile: the train task's XCom ``profile`` (the document; in a
+        DAG ``train.output["profile"]``, which works whatever worker ran train), its JSON text,
+        or the path of a ``profile.json`` on this worker (templated).
     :param history_conn_id: the connection of the history store, used when it is configured.
     :param history_url: a SQLAlchemy URL or SQLite path that overrides it (templated).
 
@@ -179,7 +192,7 @@ class RecordProfileOperator(_HistoryMixin, BaseOperator):
     def __init__(
         self,
         *,
-        profile: str,
+        profile: str | Mapping[str, Any],
         history_conn_id: str | None = DEFAULT_CONN_ID,
         history_url: str | None = None,
         **kwargs: Any,
@@ -190,12 +203,10 @@ class RecordProfileOperator(_HistoryMixin, BaseOperator):
         self.history_url = history_url
 
     def execute(self, context: Context) -> str:
-        from dlrover_kfp.steps.record import read_profile, record_step  # noqa: PLC0415 - as above
+        from dlrover_kfp.steps.record import record_step  # noqa: PLC0415 - as above
 
         with task_errors():
-            if not str(self.profile).strip():
-                raise AirflowFailException("profile: empty; give the path of a profile.json")
-            profile = read_profile(self.profile)
+            profile = profile_from_document(self.profile)
             url = self._history(self.log)
             result = record_step(profile, url)
         self.log.info("%s", result.markdown)
@@ -223,20 +234,22 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         dict or its JSON text; None lets the master plan the start itself (templated).
     :param output_dir: the run's directory (templated); default
         ``$DLROVER_KFP_RUNS_DIR/<dag_id>/<logical date>/<task_id>``.
-    :param backend: ``local`` or ``kubernetes`` (templated). With ``kubernetes`` the master
-        still runs on the worker and creates the PS and workers as pods: give ``namespace``
-        and ``image``, and ``master_host`` an address the pods reach the worker at.
+    :param backend: ``local`` or ``kubernetes`` (templated). With ``kubernetes`` the job master
+        is a pod of the cluster (:mod:`airflow_plugin.kube`) that creates the PS and workers as
+        pods; the trigger watches it through the API and streams its log into the task log.
     :param history_conn_id: the connection of the history store, used when it is configured.
     :param history_url: a SQLAlchemy URL or SQLite path that overrides it (templated).
     :param poll_interval: seconds between the trigger's looks at the master.
     :param timeout: seconds after which the wait fails and the job is stopped (None: none).
-    :param kill_on_cancel: stop the job when the trigger is cancelled (default: leave it; a
-        triggerer restart cancels triggers too).
-    :param deferrable: wait in the triggerer (default); False waits in the worker.
+    :param deferrable: wait in the triggerer; False waits in the worker. Default: Airflow's
+        ``[operators] default_deferrable`` (False unless configured), as Airflow's providers do.
     :param checkpoint_interval: seconds between the run's flash checkpoints.
     :param sample_interval: seconds between its runtime samples.
-    :param kubernetes: ``dlrover-kfp run``'s Kubernetes options (``namespace``, ``image``,
-        ``kubeconfig``, ``context``, ``claim``, ``mount_path``, ``master_host``).
+    :param kubernetes: with ``backend="kubernetes"``: ``namespace``, ``image`` (the project's,
+        fully qualified) and ``claim`` (a ReadWriteMany PersistentVolumeClaim the master and its
+        pods mount at ``mount_path``, default /var/lib/dlrover-kfp) are required;
+        ``service_account`` (with deploy/rbac.yaml's Role), ``master_cpu`` / ``master_memory``
+        (default 1 / 1Gi), ``kubeconfig`` / ``context`` (the operator's own API access).
     """
 
     template_fields: Sequence[str] = ("job_spec", "plan", "output_dir", "backend", "history_url")
@@ -254,8 +267,7 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         history_url: str | None = None,
         poll_interval: float = 5.0,
         timeout: float | None = None,
-        kill_on_cancel: bool = False,
-        deferrable: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         checkpoint_interval: float = 60.0,
         sample_interval: float = 2.0,
         kubernetes: Mapping[str, str] | None = None,
@@ -278,14 +290,13 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         self.history_url = history_url
         self.poll_interval = poll_interval
         self.timeout = timeout
-        self.kill_on_cancel = kill_on_cancel
         self.deferrable = deferrable
         self.checkpoint_interval = checkpoint_interval
         self.sample_interval = sample_interval
         self.kubernetes = dict(kubernetes or {})
         #: the run report's path, once written (RunReportLink reads it)
         self.report_path: str | None = None
-        self._trigger: ElasticTrainTrigger | None = None
+        self._trigger: ElasticTrainTrigger | KubernetesTrainTrigger | None = None
 
     # ---- before the run ----------------------------------------------------------------------
 
@@ -293,12 +304,23 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         with task_errors():
             loaded, plan = self._validated()
             url = self._history(self.log)
+        if self.backend == "kubernetes":
+            with task_errors():
+                pod_trigger = self._master_pod(context, loaded, plan, url)
+            return self._wait(context, pod_trigger)
         run_dir = Path(self.output_dir) if self.output_dir else default_output_dir(context)
         self.log.info("run directory: %s", run_dir)
         trigger = self._running_master(run_dir)
         if trigger is None:
             spec_path, plan_path = self._write_inputs(run_dir, loaded, plan)
-            trigger = self._submit(run_dir, spec_path, plan_path, url)
+            run_id = task_run_id(context, loaded.spec.name)
+            self.log.info("run id: %s (the same for every attempt of this task)", run_id)
+            trigger = self._submit(run_dir, spec_path, plan_path, url, run_id)
+        return self._wait(context, trigger)
+
+    def _wait(
+        self, context: Context, trigger: ElasticTrainTrigger | KubernetesTrainTrigger
+    ) -> dict[str, Any]:
         if self.deferrable:
             self.defer(trigger=trigger, method_name="execute_complete")
         self._trigger = trigger
@@ -306,17 +328,92 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         self._trigger = None
         return self.execute_complete(context, event)
 
+    def _master_pod(
+        self, context: Context, loaded: LoadedSpec, plan: ResourcePlan | None, url: str
+    ) -> KubernetesTrainTrigger:
+        """The master pod of this task's run: the one still running from an earlier attempt
+        (a cleared or retried task waits for it again), else a new one, which resumes the run
+        from its last checkpoint on the claim when an earlier attempt's master was killed."""
+        from airflow_plugin.kube import MasterPods, MasterPodSpec, load_api  # noqa: PLC0415
+
+        opts = self.kubernetes
+        run_id = task_run_id(context, loaded.spec.name)
+        name = f"{run_id}-master"
+        mount = opts.get("mount_path") or _MOUNT_PATH
+        pods = MasterPods(load_api(opts.get("kubeconfig"), opts.get("context")), opts["namespace"])
+        found = pods.read(name)
+        if found is not None:
+            uid = str(found["metadata"]["uid"])
+            if not pods.state(name, uid).ended:
+                self.log.warning(
+                    "the job master pod %s of an earlier attempt is still running: waiting for "
+                    "it instead of starting another (this attempt's job spec and plan are not "
+                    "used)",
+                    name,
+                )
+                return self._pod_trigger(name, uid)
+            self.log.info("deleting the ended master pod %s of an earlier attempt", name)
+            pods.delete(name, uid, grace_s=0)
+            if not pods.wait_gone(name, uid, timeout_s=60):
+                raise TransientError(f"the earlier master pod {name} is still being deleted")
+        spec = MasterPodSpec(
+            name=name,
+            namespace=opts["namespace"],
+            image=opts["image"],
+            run_id=run_id,
+            output_dir=f"{mount}/runs/{task_dir(context)}",
+            claim=opts["claim"],
+            mount_path=mount,
+            job_yaml=standalone_spec_yaml(loaded),
+            plan_json=to_json(plan) if plan is not None else None,
+            secret=f"{run_id}-history",
+            dlrover_args=(
+                "--checkpoint-interval",
+                f"{self.checkpoint_interval:g}",
+                "--sample-interval",
+                f"{self.sample_interval:g}",
+            ),
+            service_account=opts.get("service_account") or None,
+            cpu=str(opts.get("master_cpu") or "1"),
+            memory=str(opts.get("master_memory") or "1Gi"),
+            labels={"run": run_id},
+        )
+        name, uid = pods.submit(spec, url)
+        self.log.info(
+            "job master pod %s/%s submitted (run %s, on claim %s at %s)",
+            spec.namespace,
+            name,
+            run_id,
+            spec.claim,
+            spec.output_dir,
+        )
+        return self._pod_trigger(name, uid)
+
+    def _pod_trigger(self, name: str, uid: str) -> KubernetesTrainTrigger:
+        opts = self.kubernetes
+        return KubernetesTrainTrigger(
+            namespace=opts["namespace"],
+            pod=name,
+            uid=uid,
+            kubeconfig=opts.get("kubeconfig") or None,
+            context=opts.get("context") or None,
+            poll_interval=self.poll_interval,
+            deadline=time.time() + self.timeout if self.timeout else None,
+        )
+
     def _validated(self) -> tuple[LoadedSpec, ResourcePlan | None]:
         """The job spec and the plan, validated (SpecError names the key and the value)."""
         from dlrover_kfp.steps.spec import check_backend, load_job_spec  # noqa: PLC0415 - as above
 
         check_backend(self.backend)
         if self.backend == "kubernetes":
-            for required in ("namespace", "image"):
+            for required in ("namespace", "image", "claim"):
                 if not self.kubernetes.get(required):
                     raise UserInputError(
                         f"backend kubernetes: kubernetes[{required!r}] is required"
                     )
+            # the master pod and the pods it starts run it: a name a node resolves the same way
+            check_image(self.kubernetes["image"], "kubernetes['image']")
         loaded = load_job_spec(self.job_spec)
         return loaded, plan_from_document(self.plan)
 
@@ -328,7 +425,7 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         ``plan.json``; what an earlier attempt's master left that would mislead the trigger
         (its profile, its exit status) goes."""
         run_dir.mkdir(parents=True, exist_ok=True)
-        for stale in (PROFILE_FILE, MASTER_EXIT, REPORT_FILE):
+        for stale in (PROFILE_FILE, MASTER_EXIT, REPORT_FILE, CANCEL_FILE):
             (run_dir / stale).unlink(missing_ok=True)
         spec_path = run_dir / JOB_FILE
         write_atomic(spec_path, standalone_spec_yaml(loaded))
@@ -340,7 +437,9 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
             (run_dir / PLAN_FILE).unlink(missing_ok=True)
         return spec_path, plan_path
 
-    def master_command(self, run_dir: Path, spec_path: Path, plan_path: Path | None) -> list[str]:
+    def master_command(
+        self, run_dir: Path, spec_path: Path, plan_path: Path | None, run_id: str | None = None
+    ) -> list[str]:
         """The job master's command line. The history URL is not on it (it may carry a
         password): :mod:`airflow_plugin.master` takes it from its environment."""
         command = [
@@ -364,17 +463,14 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         ]
         if plan_path is not None:
             command += ["--plan", str(plan_path)]
-        if self.backend == "kubernetes":
-            for option in KUBE_OPTIONS:
-                value = self.kubernetes.get(option)
-                if value:
-                    command += ["--" + option.replace("_", "-"), str(value)]
+        if run_id is not None:
+            command += ["--run-id", run_id]
         return command
 
     def _submit(
-        self, run_dir: Path, spec_path: Path, plan_path: Path | None, url: str
+        self, run_dir: Path, spec_path: Path, plan_path: Path | None, url: str, run_id: str
     ) -> ElasticTrainTrigger:
-        command = self.master_command(run_dir, spec_path, plan_path)
+        command = self.master_command(run_dir, spec_path, plan_path, run_id)
         env = dict(os.environ)
         env[ENV_VAR] = url
         log_path = run_dir / MASTER_LOG
@@ -411,7 +507,6 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
             host=host,
             poll_interval=self.poll_interval,
             deadline=time.time() + self.timeout if self.timeout else None,
-            kill_on_cancel=self.kill_on_cancel,
         )
 
     def _running_master(self, run_dir: Path) -> ElasticTrainTrigger | None:
@@ -458,11 +553,16 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         from dlrover_kfp.steps.record import read_profile  # noqa: PLC0415 - as above
 
         with task_errors():
-            profile_path = Path(str(event["profile"]))
+            if event.get("backend") == "kubernetes":
+                profile_path = self._profile_from_pod(context, event)
+            else:
+                profile_path = Path(str(event["profile"]))
             profile = read_profile(profile_path)
         ti = context["ti"]
         ti.xcom_push(key="run_id", value=profile.run_id)
-        ti.xcom_push(key="profile", value=str(profile_path))
+        # The document, not only its path: the record task may run on another worker.
+        ti.xcom_push(key="profile", value=to_dict(profile))
+        ti.xcom_push(key="profile_path", value=str(profile_path))
         report = self._write_report(profile, profile_path.parent / REPORT_FILE)
         if report is not None:
             ti.xcom_push(key=REPORT_XCOM_KEY, value=str(report))
@@ -482,6 +582,24 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
             )
         return _summary(profile, profile_path, report)
 
+    def _profile_from_pod(self, context: Context, event: Mapping[str, Any]) -> Path:
+        """The profile the master pod printed last, written to this task's directory on the
+        worker (for the report); then the ended pod is deleted (its history Secret with it)."""
+        from airflow_plugin.kube import MasterPods, load_api, profile_from_log  # noqa: PLC0415
+
+        opts = self.kubernetes
+        pods = MasterPods(load_api(opts.get("kubeconfig"), opts.get("context")), event["namespace"])
+        pod, uid = str(event["pod"]), str(event["uid"])
+        document = profile_from_log(pods.log(pod, tail=5))
+        if document is None:
+            raise TransientError(f"the job master pod {pod} left no profile in its log")
+        run_dir = Path(self.output_dir) if self.output_dir else default_output_dir(context)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / PROFILE_FILE
+        write_atomic(path, json.dumps(document) + "\n")
+        pods.delete(pod, uid)
+        return path
+
     def _write_report(self, profile: JobProfile, path: Path) -> Path | None:
         """``report.html`` beside the profile. The report is an extra: a run that trained must
         still be recorded (the next task) when its report cannot be drawn or written, so any
@@ -498,14 +616,38 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         return path
 
     def on_kill(self) -> None:
-        """Stop the job when a task that waits in the worker (``deferrable=False``) is
-        killed. A deferred task is not running, so this is not called for it."""
+        """A task that waits in the worker (``deferrable=False``) was killed (marked failed or
+        success, or timed out): stop the job, and say so first, so that its master records the
+        run as cancelled. (A deferred task is not running: its trigger's ``on_kill`` does this.)"""
         trigger = self._trigger
-        if trigger is not None and terminate_master(trigger.pid, trigger.create_time):
-            self.log.info("sent SIGTERM to job master %d", trigger.pid)
+        reason = f"task {self.task_id} was killed while it waited for the job"
+        if isinstance(trigger, KubernetesTrainTrigger):
+            from airflow_plugin.kube import MasterPods, load_api  # noqa: PLC0415
+
+            opts = self.kubernetes
+            api = load_api(opts.get("kubeconfig"), opts.get("context"))
+            MasterPods(api, trigger.namespace).cancel(trigger.pod, trigger.uid, reason)
+            self.log.info("deleted job master pod %s", trigger.pod)
+        elif trigger is not None:
+            request_cancel(trigger.output_dir, reason)
+            if terminate_master(trigger.pid, trigger.create_time):
+                self.log.info("sent SIGTERM to job master %d", trigger.pid)
 
 
-async def _first_event(trigger: ElasticTrainTrigger) -> dict[str, Any]:
+def task_run_id(context: Context, job_name: str) -> str:
+    """The run id of this task's logical run (:func:`dlrover_kfp.steps.run_ids.stable_run_id`):
+    the DAG id, the logical date (a run without one: its DAG run id), the task id and its map
+    index name it. Every attempt, retry, clear or re-run of the task for that date gets the
+    same id (also a second DAG run of the same logical date, as ``airflow dags test`` makes),
+    so that the history holds one run for it, its latest attempt."""
+    ti = context["ti"]
+    logical = context.get("logical_date")
+    when = logical.isoformat() if logical is not None else f"run:{context['run_id']}"
+    keys = (str(ti.dag_id), when, str(ti.task_id), str(ti.map_index))
+    return stable_run_id(job_name, keys, label=str(context.get("ds_nodash") or ""))
+
+
+async def _first_event(trigger: ElasticTrainTrigger | KubernetesTrainTrigger) -> dict[str, Any]:
     async for event in trigger.run():
         payload: dict[str, Any] = event.payload
         return payload
@@ -529,4 +671,5 @@ __all__ = [
     "PlanResourcesOperator",
     "RecordProfileOperator",
     "task_errors",
+    "task_run_id",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -59,11 +59,17 @@ def _safe(part: str) -> str:
     return cleaned or "_"
 
 
-def default_output_dir(context: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Path:
-    """The output directory of the task instance ``context`` describes (module docstring)."""
+def task_dir(context: Mapping[str, Any]) -> PurePosixPath:
+    """``<dag_id>/<logical date>/<task_id>``: where a task's run lives under a runs directory
+    (this machine's, or the ``runs/`` directory on a Kubernetes run's volume)."""
     ti = context["ti"]
     when = context.get("ds") or _safe(str(context["run_id"]))
-    return runs_dir(environ) / _safe(str(ti.dag_id)) / when / _safe(str(ti.task_id))
+    return PurePosixPath(_safe(str(ti.dag_id)), when, _safe(str(ti.task_id)))
+
+
+def default_output_dir(context: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> Path:
+    """The output directory of the task instance ``context`` describes (module docstring)."""
+    return runs_dir(environ) / task_dir(context)
 
 
 def report_url(report: str | os.PathLike[str], base_url: str = "", runs: Path | None = None) -> str:
@@ -94,4 +100,5 @@ __all__ = [
     "default_output_dir",
     "report_url",
     "runs_dir",
+    "task_dir",
 ]

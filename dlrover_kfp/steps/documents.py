@@ -20,6 +20,7 @@ from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import CriteoData, JobSpec
 from dlrover_kfp.errors import SpecError
+from dlrover_kfp.files import read_document
 
 if TYPE_CHECKING:
     # Not imported at run time: steps.spec loads the planner (scipy), and a DAG file that
@@ -42,6 +43,24 @@ def plan_from_document(data: object, source: str = "plan") -> ResourcePlan | Non
     return parse(ResourcePlan, data, source) if data is not None else None
 
 
+def profile_from_document(data: object, source: str = "profile") -> JobProfile:
+    """A run's profile as an orchestrator hands it over: the document (a dict, e.g. an XCom),
+    its JSON text (starting with ``{``), or the path of a ``profile.json``.
+    :class:`~dlrover_kfp.errors.SpecError` names the key and the value of one that does not
+    validate; a missing file is a :class:`~dlrover_kfp.errors.UserInputError`."""
+    if isinstance(data, str):
+        text = data.strip()
+        if not text:
+            raise SpecError(f"{source}: empty; give a profile document or a profile.json path")
+        if not text.startswith("{"):
+            return read_document(JobProfile, text)
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise SpecError(f"{source}: not a JSON document ({exc})") from None
+    return parse(JobProfile, data, source)
+
+
 def standalone_spec_yaml(loaded: LoadedSpec) -> str:
     """The job spec as YAML that a process started in another directory reads the same way:
     a relative data path is made absolute against the directory it was relative to
@@ -57,6 +76,7 @@ __all__ = [
     "JobProfile",
     "ResourcePlan",
     "plan_from_document",
+    "profile_from_document",
     "standalone_spec_yaml",
     "to_dict",
     "to_json",

@@ -7,8 +7,9 @@ recorded, so that tomorrow's run starts nearer its optimum.
 
 Parameters (trigger the DAG with a configuration to change them):
 
-- ``job_spec``: a path to a job spec, or the YAML document itself; default
-  ``examples/jobs/small.yaml`` beside this DAG (a small job, under a minute on 2 cores).
+- ``job_spec``: a path to a job spec, or the YAML document itself; default: the small job
+  below (the same as ``examples/jobs/small.yaml``; under a minute on 2 cores), written into
+  this file so that the DAG works wherever it is copied.
 - ``backend``: ``local`` (the job's PS and workers are processes of the worker's machine).
 
 The history store: the Airflow connection ``dlrover_kfp_history`` when one is configured
@@ -23,7 +24,6 @@ Try it: ``airflow dags test dlrm_daily_retraining 2026-11-20``.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from airflow.sdk import DAG, Param
 
@@ -33,8 +33,26 @@ from airflow_plugin.operators import (
     RecordProfileOperator,
 )
 
-#: The default job: examples/jobs/small.yaml, found from this file wherever the DAGs folder is.
-DEFAULT_JOB_SPEC = Path(__file__).resolve().parent.parent / "jobs" / "small.yaml"
+#: The default job (examples/jobs/small.yaml), inline: a DAG file is copied into a DAGs folder
+#: on its own, and a path relative to this repository would not be there. 200,000 synthetic
+#: Criteo-shaped rows (the last 10% held out), 26 tables of 7 to 100,000 rows.
+DEFAULT_JOB_SPEC = """\
+name: dlrm-small
+scenario: dlrm-daily-small
+model:
+  embedding_dim: 16
+  table_sizes: [1000, 500, 10000, 20000, 50, 300, 100000, 7, 4000, 100, 3000, 60000, 200,
+                9000, 30, 1500, 80000, 12, 600, 70000, 2500, 400, 5000, 40000, 900, 15000]
+  bottom_mlp: [64, 32, 16]
+  top_mlp: [64, 32, 1]
+data: {format: synthetic, rows: 200000, seed: 1}
+training: {batch_size: 512, epochs: 1, learning_rate: 0.05}
+resources:
+  limits: {cpu: 2, memory: 8Gi}
+  workers: {count: 1, cpu: 0.5, memory: 2Gi}
+  ps: {count: 1, cpu: 0.5, memory: 2Gi}
+elastic: {min_workers: 1, max_workers: 2, max_ps: 2}
+"""
 
 #: The history store's connection, used when it is configured.
 HISTORY_CONN_ID = "dlrover_kfp_history"
@@ -49,7 +67,7 @@ with DAG(
     max_active_runs=1,
     params={
         "job_spec": Param(
-            str(DEFAULT_JOB_SPEC),
+            DEFAULT_JOB_SPEC,
             type="string",
             minLength=1,
             description="a path to a job spec (YAML or JSON), or the YAML document itself",
@@ -74,10 +92,13 @@ with DAG(
         history_conn_id=HISTORY_CONN_ID,
         poll_interval=2.0,
         timeout=6 * 3600,
+        # wait in the triggerer, not a worker slot, whatever [operators] default_deferrable says
+        deferrable=True,
     )
     record = RecordProfileOperator(
         task_id="record",
-        profile="{{ ti.xcom_pull(task_ids='train', key='profile') }}",
+        # the profile document (an XCom), not a path: the record task may run on another worker
+        profile=train.output["profile"],
         history_conn_id=HISTORY_CONN_ID,
     )
     train >> record

@@ -33,6 +33,7 @@ XCOMS = (
     ("plan", "return_value"),
     ("train", "run_id"),
     ("train", "profile"),
+    ("train", "profile_path"),
     ("train", "report"),
     ("train", "_link_RunReportLink"),
     ("record", "return_value"),

@@ -23,22 +23,11 @@ import pytest
 pytest.importorskip("airflow.sdk", reason="the airflow extra is not installed")
 
 from dlrover_kfp.history import open_history
+from tests.airflow.jobs import tiny_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
-TINY_JOB = """\
-name: dlrm-tiny
-scenario: dlrm-airflow-test
-model: {embedding_dim: 8, table_sizes: [100, 50, 200, 30], dense_features: 4,
-        bottom_mlp: [16, 8], top_mlp: [16, 1]}
-data: {format: synthetic, rows: 8000, seed: 1}
-training: {batch_size: 256, epochs: 1, learning_rate: 0.05}
-resources:
-  limits: {cpu: 2, memory: 4Gi}
-  workers: {count: 1, cpu: 0.5, memory: 1Gi}
-  ps: {count: 1, cpu: 0.5, memory: 1Gi}
-elastic: {min_workers: 1, max_workers: 1, max_ps: 1}
-"""
+TINY_JOB = tiny_job("dlrm-tiny", "dlrm-airflow-test")
 BAD_JOB = TINY_JOB.replace(
     "scenario: dlrm-airflow-test\n", "scenario: dlrm-airflow-test\nbogus: 3\n"
 )
@@ -82,13 +71,14 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
             "--run", f"2026-11-20={tmp_path / 'tiny.yaml'}",
             "--run", f"2026-11-21={tmp_path / 'tiny.yaml'}",
             "--run", f"2026-11-22={tmp_path / 'bad.yaml'}",
+            "--run", f"2026-11-20={tmp_path / 'tiny.yaml'}",
             "--connection-from-run", "2",
         ],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     log = child.stdout + child.stderr
     assert child.returncode == 0, log[-6000:]
-    first, second, bad = json.loads(child.stdout.strip().splitlines()[-1])
+    first, second, bad, again = json.loads(child.stdout.strip().splitlines()[-1])
     ok = {"plan": "success", "train": "success", "record": "success"}
 
     # Day 1: a cold start, trained, recorded, reported.
@@ -98,7 +88,12 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
     assert xcom["plan.return_value"]["stage"] == "cold_start"
     assert xcom["record.return_value"] == run_1
     train_dir = runs / "dlrm_daily_retraining" / "2026-11-20" / "train"
-    assert xcom["train.profile"] == str(train_dir / "profile.json")
+    assert xcom["train.profile_path"] == str(train_dir / "profile.json")
+    # the document itself (the record task may run on another worker than train)
+    assert xcom["train.profile"]["run_id"] == run_1
+    assert xcom["train.profile"]["outcome"]["status"] == "succeeded"
+    # the run id names the logical run (DAG, DAG run, task), not the clock
+    assert run_1.startswith("dlrm-tiny-20261120-")
     assert (train_dir / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
     assert xcom["train._link_RunReportLink"] == (train_dir / "report.html").as_uri()
     assert "[DAG TEST] running trigger in line" in log
@@ -126,3 +121,14 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
     assert "job_spec: bogus: unknown key" in log
     assert _history_ids(f"sqlite:///{history}") == {run_1, run_2}
     assert not (runs / "dlrm_daily_retraining" / "2026-11-22").exists()
+
+    # Day 1 again (a re-run of a logical date that succeeded): trained again under the same
+    # run id, and the history still holds one run for that date: the new attempt.
+    assert (again["state"], again["tasks"]) == ("success", ok), log[-6000:]
+    assert again["xcom"]["train.run_id"] == run_1
+    assert _history_ids(f"sqlite:///{history}") == {run_1, run_2}
+    with open_history(f"sqlite:///{history}") as store:
+        stored = store.get(run_1)
+    assert stored.started_at == again["xcom"]["train.profile"]["started_at"]
+    assert stored.started_at != xcom["train.profile"]["started_at"]
+    assert json.loads((train_dir / "profile.json").read_text())["started_at"] == stored.started_at

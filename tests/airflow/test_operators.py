@@ -61,10 +61,11 @@ SECRET = "s3cret-Pw"
 
 
 def _context(ds: str | None = "2026-11-20") -> dict[str, Any]:
-    ti = mock.MagicMock(dag_id="dlrm_daily_retraining", task_id="train")
+    ti = mock.MagicMock(dag_id="dlrm_daily_retraining", task_id="train", map_index=-1)
     context: dict[str, Any] = {"ti": ti, "run_id": "manual__2026-11-20T00:00:00+00:00"}
     if ds:
         context["ds"] = ds
+        context["ds_nodash"] = ds.replace("-", "")
     return context
 
 
@@ -85,6 +86,7 @@ def popen() -> Any:
 def _train(tmp_path: Path, **kw: Any) -> ElasticTrainOperator:
     kw.setdefault("job_spec", JOB)
     kw.setdefault("history_url", f"sqlite:///{tmp_path}/history.db")
+    kw.setdefault("deferrable", True)
     return ElasticTrainOperator(task_id="train", history_conn_id=None, **kw)
 
 
@@ -142,8 +144,10 @@ def test_train_writes_its_inputs_submits_the_master_and_defers(
         sys.executable, "-m", "airflow_plugin.master", str(run_dir / "master-exit.json"), "--",
         "run", "--job", str(run_dir / "job.yaml"), "--output-dir", str(run_dir), "--no-record",
         "--backend", "local", "--checkpoint-interval", "60", "--sample-interval", "2",
-        "--plan", str(run_dir / "plan.json"),
+        "--plan", str(run_dir / "plan.json"), "--run-id", command[-1],
     ]  # fmt: skip
+    # the logical run's id: the DAG, the logical date (here: the DAG run), the task
+    assert re.fullmatch(r"dlrm-unit-20261120-[0-9a-f]{12}", command[-1])
     assert SECRET not in " ".join(command)
     assert options["env"]["DLROVER_KFP_HISTORY_URL"] == url
     assert options["start_new_session"] is True
@@ -174,20 +178,9 @@ def test_train_writes_its_inputs_submits_the_master_and_defers(
     assert again.value.trigger.serialize()[1]["pid"] == os.getpid()
 
 
-def test_kubernetes_options_go_to_the_master(tmp_path: Path, popen: Any) -> None:
-    operator = _train(
-        tmp_path,
-        backend="kubernetes",
-        output_dir=str(tmp_path / "out"),
-        kubernetes={"namespace": "ml", "image": "dlrover-kfp:0.1.0", "master_host": "10.0.0.7"},
-    )
-    with pytest.raises(TaskDeferred):
-        operator.execute(_context(ds=None))  # type: ignore[arg-type]
-    (command,), _ = popen.call_args
-    tail = command[command.index("--backend") :]
-    assert tail[:2] == ["--backend", "kubernetes"]
-    assert tail[-6:] == ["--namespace", "ml", "--image", "dlrover-kfp:0.1.0",
-                         "--master-host", "10.0.0.7"]  # fmt: skip
+def test_unknown_kubernetes_options_are_refused_when_the_dag_is_parsed(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"unknown option.*master_host"):
+        _train(tmp_path, kubernetes={"namespace": "ml", "master_host": "10.0.0.7"})
     with pytest.raises(ValueError, match="unknown option"):
         _train(tmp_path, kubernetes={"namespaces": "ml"})
 
@@ -238,7 +231,8 @@ def test_a_finished_run_pushes_its_xcoms_and_report(tmp_path: Path) -> None:
     assert (tmp_path / "report.html").read_text() == "<html>r</html>"
     assert pushed == {
         "run_id": "dlrm-unit-20261120T000000",
-        "profile": str(path),
+        "profile": json.loads(path.read_text()),  # the document: any worker can record it
+        "profile_path": str(path),
         "report": str(tmp_path / "report.html"),
     }
     assert result["run_id"] == "dlrm-unit-20261120T000000"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -40,7 +41,6 @@ def _trigger(**overrides: Any) -> ElasticTrainTrigger:
         "host": "worker-7",
         "poll_interval": 0.5,
         "deadline": 1_795_003_600.0,
-        "kill_on_cancel": True,
     }
     kwargs.update(overrides)
     return ElasticTrainTrigger(**kwargs)
@@ -51,7 +51,11 @@ def test_serialize_round_trips_through_the_classpath_and_json() -> None:
     classpath, kwargs = trigger.serialize()
     assert classpath == "airflow_plugin.triggers.ElasticTrainTrigger"
     # every constructor parameter is serialised, so nothing is lost in a triggerer
-    params = set(inspect.signature(ElasticTrainTrigger.__init__).parameters) - {"self"}
+    # (kill_on_cancel: accepted, ignored, not serialized: triggers stored by 0.1.0 still load)
+    params = set(inspect.signature(ElasticTrainTrigger.__init__).parameters) - {
+        "self",
+        "kill_on_cancel",
+    }
     assert set(kwargs) == params
     # as the triggerer stores and rebuilds it: JSON, then Airflow's serde, then the classpath
     stored = json.loads(json.dumps(serialize(kwargs)))
@@ -157,10 +161,9 @@ def test_at_the_deadline_the_wait_fails_and_the_job_is_stopped(tmp_path: Path) -
     assert time.monotonic() - started < 5
 
 
-@pytest.mark.parametrize("kill_on_cancel", [False, True])
-def test_cancelling_the_wait_leaves_the_job_unless_told(
-    tmp_path: Path, kill_on_cancel: bool
-) -> None:
+def test_a_triggerer_restart_cancels_the_wait_and_leaves_the_job(tmp_path: Path) -> None:
+    # A triggerer that shuts down or hands the trigger on cancels its coroutine without
+    # calling on_kill: the job goes on, and the next triggerer waits for it again.
     proc = _master(tmp_path, "import time; time.sleep(60)")
     trigger = ElasticTrainTrigger(
         pid=proc.pid,
@@ -168,7 +171,6 @@ def test_cancelling_the_wait_leaves_the_job_unless_told(
         output_dir=str(tmp_path),
         host=socket.gethostname(),
         poll_interval=0.05,
-        kill_on_cancel=kill_on_cancel,
     )
 
     async def cancel_soon() -> None:
@@ -180,11 +182,59 @@ def test_cancelling_the_wait_leaves_the_job_unless_told(
 
     try:
         asyncio.run(cancel_soon())
-        if kill_on_cancel:
-            assert proc.wait(timeout=10) == -signal.SIGTERM
+        time.sleep(0.2)
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("state", "stops"),
+    [("failed", True), ("success", True), (None, False), ("scheduled", False), ("queued", False)],
+)
+def test_on_kill_stops_the_job_for_a_mark_and_leaves_it_for_a_clear(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str | None, stops: bool
+) -> None:
+    # A stand-in master that says how it stopped: SIGTERM, with the reason it found.
+    proc = _master(
+        tmp_path,
+        "import json, signal, sys, time\n"
+        "def stop(*_):\n"
+        "    reason = json.load(open('cancel.json'))['reason']\n"
+        "    open('stopped.txt', 'w').write(reason)\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "time.sleep(60)\n",
+    )
+    trigger = ElasticTrainTrigger(
+        pid=proc.pid,
+        create_time=process_create_time(proc.pid),
+        output_dir=str(tmp_path),
+        host=socket.gethostname(),
+        poll_interval=0.05,
+    )
+    trigger.task_instance = SimpleNamespace(  # what the triggerer sets
+        dag_id="dlrm", task_id="train", run_id="scheduled__2026-11-20", map_index=-1
+    )
+    states = {"scheduled__2026-11-20": {"train": state}}
+    monkeypatch.setattr(
+        "airflow.sdk.execution_time.task_runner.RuntimeTaskInstance.get_task_states",
+        lambda **query: states,
+    )
+    time.sleep(0.5)  # the stand-in installs its handler
+    try:
+        asyncio.run(trigger.on_kill())
+        if stops:
+            proc.wait(timeout=10)  # (its status: reaped by the trigger's own look at it)
+            reason = (tmp_path / "stopped.txt").read_text()
+            assert (
+                reason == f"task dlrm.train of scheduled__2026-11-20 was marked {state} by a user"
+            )
         else:
-            time.sleep(0.2)
+            time.sleep(0.3)
             assert proc.poll() is None
+            assert not (tmp_path / "cancel.json").exists()
     finally:
         proc.kill()
         proc.wait()
