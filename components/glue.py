@@ -14,7 +14,6 @@ import json
 import shutil
 import sys
 import tempfile
-import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,10 +33,10 @@ from dlrover_kfp.files import write_atomic
 from dlrover_kfp.steps.documents import JobProfile, to_json
 from dlrover_kfp.steps.plan import plan_step
 from dlrover_kfp.steps.record import read_profile, record_step
-from dlrover_kfp.steps.spec import TrainingFailedError, load_job_spec
+from dlrover_kfp.steps.spec import TrainingFailedError, load_job_spec, refuse_password_parameter
 
 if TYPE_CHECKING:
-    from dlrover_kfp.steps.train import KubeOptions
+    from dlrover_kfp.steps.train import KubeOptions, OrchestratedRun
 
 
 @contextmanager
@@ -57,6 +56,38 @@ def _task_errors() -> Iterator[None]:
         raise SystemExit(EXIT_TRANSIENT) from None
 
 
+@dataclass(frozen=True, slots=True)
+class KfpRun:
+    """What names a task's run to KFP: the pipeline run's id and the task's name (what the
+    pipeline passes as dsl.PIPELINE_JOB_ID_PLACEHOLDER and PIPELINE_TASK_NAME_PLACEHOLDER)."""
+
+    run_id: str
+    task_name: str
+
+    def keys(self) -> tuple[str, ...]:
+        check_kfp_value(self.run_id, "kfp_run_id", "PIPELINE_JOB_ID_PLACEHOLDER")
+        check_kfp_value(self.task_name, "kfp_task_name", "PIPELINE_TASK_NAME_PLACEHOLDER")
+        return (self.run_id, self.task_name)
+
+
+def check_kfp_value(value: str, source: str, placeholder: str) -> None:
+    """A KFP placeholder that arrived resolved: not empty, and not the placeholder's own text
+    (which is what a component gets when the placeholder was an input's default: KFP resolves
+    one only where a task passes it)."""
+    if not value.strip() or "{{$" in value:
+        raise UserInputError(
+            f"{source}: {value!r}; pass dsl.{placeholder} as the task's {source} argument "
+            "(KFP resolves it only there)"
+        )
+
+
+def _check_parameters(history_url: str, kfp_run_id: str) -> None:
+    """What every component checks first: its run-unique input, and a history URL parameter
+    without a password (:func:`~dlrover_kfp.steps.spec.refuse_password_parameter`)."""
+    refuse_password_parameter(history_url)
+    check_kfp_value(kfp_run_id, "kfp_run_id", "PIPELINE_JOB_ID_PLACEHOLDER")
+
+
 # ---- plan_resources --------------------------------------------------------------------------
 
 
@@ -68,10 +99,16 @@ class PlanOutput:
 
 
 def plan_resources(
-    job_spec: str, history_url: str, backend: str, plan_path: str, report_path: str
+    job_spec: str,
+    history_url: str,
+    backend: str,
+    kfp_run_id: str,
+    plan_path: str,
+    report_path: str,
 ) -> PlanOutput:
     """Stage 1's plan as a JSON document at ``plan_path``, Markdown at ``report_path``."""
     with _task_errors():
+        _check_parameters(history_url, kfp_run_id)
         result = plan_step(job_spec, history_url, backend)
         write_atomic(plan_path, to_json(result.plan) + "\n")
         write_atomic(report_path, result.markdown)
@@ -99,6 +136,7 @@ def elastic_train(
     history_url: str,
     backend: str,
     claim: str,
+    kfp: KfpRun,
     model_path: str,
     profile_path: str,
     report_path: str,
@@ -106,22 +144,32 @@ def elastic_train(
     """Train from the plan at ``plan_path``; the model directory to ``model_path``, the
     profile JSON to ``profile_path``, the HTML report to ``report_path``.
 
+    The run's id derives from the KFP run and task (:func:`~dlrover_kfp.steps.train.
+    orchestrated_run`): a retry, or the record step, lands on the same run of the history.
     Locally the run's working directory (checkpoints, pod logs) is a temporary one. On
     Kubernetes this process is the job master: the worker and PS pods it starts mount the claim
-    ``claim`` at the default mount path, and the run lives there.
+    ``claim`` at the default mount path, and the run lives there, in a directory named by the
+    KFP run and task, so that a retry of the task resumes from its last checkpoint.
     """
 
     # The trainer (torch) is imported by this step only: plan and record start fast.
     from dlrover_kfp.steps.train import RunOptions, read_plan, train_step  # noqa: PLC0415
 
     with _task_errors():
+        refuse_password_parameter(history_url)
+        keys = kfp.keys()  # resolved placeholders, or exit 2
         loaded = load_job_spec(job_spec)  # validate before anything runs
         plan = read_plan(plan_path)
-        with _run_dir(loaded.spec.name, backend, claim) as (output_dir, kube):
+        with _run_dir(loaded.spec.name, keys, backend, claim) as (run, kube):
             result = train_step(
                 job_spec,
                 lambda base_dir: RunOptions(
-                    output_dir=output_dir, base_dir=base_dir, history_url=history_url, plan=plan
+                    output_dir=run.output_dir,
+                    base_dir=base_dir,
+                    history_url=history_url,
+                    plan=plan,
+                    run_id=run.run_id,
+                    resume=True,
                 ),
                 backend=backend,
                 kube=kube,
@@ -131,12 +179,17 @@ def elastic_train(
 
 
 @contextmanager
-def _run_dir(name: str, backend: str, claim: str) -> Iterator[tuple[Path, KubeOptions | None]]:
-    """Where the run lives: a temporary directory for local pods; on Kubernetes a directory of
-    its own on the claim every pod mounts (kept: the run's checkpoints and pod logs)."""
+def _run_dir(
+    name: str, keys: tuple[str, ...], backend: str, claim: str
+) -> Iterator[tuple[OrchestratedRun, KubeOptions | None]]:
+    """Where the run lives: a temporary directory for local pods (this pod's: a retry is
+    another pod); on Kubernetes ``runs/<job>-<digest of the KFP run and task>`` on the claim
+    every pod mounts (kept: the run's checkpoints and pod logs, which a retry resumes from)."""
+    from dlrover_kfp.steps.train import orchestrated_run  # noqa: PLC0415
+
     if backend != "kubernetes":
         with tempfile.TemporaryDirectory(prefix=f"dlrover-kfp-{name}-") as tmp:
-            yield Path(tmp), None
+            yield orchestrated_run(Path(tmp), name, keys), None
         return
     if not claim:
         raise UserInputError(
@@ -146,8 +199,7 @@ def _run_dir(name: str, backend: str, claim: str) -> Iterator[tuple[Path, KubeOp
     from dlrover_kfp.steps.train import in_cluster_options  # noqa: PLC0415
 
     kube = in_cluster_options(claim=claim)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    yield Path(kube.mount_path) / "runs" / f"{name}-{stamp}", kube
+    yield orchestrated_run(Path(kube.mount_path) / "runs", name, keys), kube
 
 
 def _log(line: str) -> None:
@@ -202,14 +254,17 @@ class RecordOutput:
     new: bool
 
 
-def record_profile(profile_path: str, history_url: str, summary_path: str) -> RecordOutput:
+def record_profile(
+    profile_path: str, history_url: str, kfp_run_id: str, summary_path: str
+) -> RecordOutput:
     """Record the profile at ``profile_path``; a Markdown summary to ``summary_path``."""
     with _task_errors():
+        _check_parameters(history_url, kfp_run_id)
         result = record_step(read_profile(profile_path), history_url)
         write_atomic(summary_path, result.markdown)
     print(json.dumps({"run_id": result.run_id, "recorded": result.new}))
     return RecordOutput(result.run_id, result.new)
 
 
-__all__ = ["PlanOutput", "RecordOutput", "TrainOutput", "elastic_train", "plan_resources",
-           "record_profile"]  # fmt: skip
+__all__ = ["KfpRun", "PlanOutput", "RecordOutput", "TrainOutput", "check_kfp_value",
+           "elastic_train", "plan_resources", "record_profile"]  # fmt: skip

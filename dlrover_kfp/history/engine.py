@@ -78,12 +78,14 @@ def parse_url(url: str) -> URL:
 
 
 def mask_url_text(url: str) -> str:
-    """Hide the password in a URL given as text, even when SQLAlchemy cannot parse it."""
+    """Hide the password in a URL given as text, even when SQLAlchemy cannot parse it (and a
+    ``password=`` query parameter, which libpq reads too)."""
     try:
-        return sa.make_url(url).render_as_string(hide_password=True)
+        text = sa.make_url(url).render_as_string(hide_password=True)
     except (sa_exc.ArgumentError, ValueError):
         # ValueError: an unescaped ":" or "@" in the password made the rest read as a port.
-        return _URL_PASSWORD.sub(r"\1***@", url)
+        text = _URL_PASSWORD.sub(r"\1***@", url)
+    return _CONNINFO_PASSWORD.sub(r"\1***", text)
 
 
 def is_sqlite(url: URL) -> bool:
@@ -102,7 +104,8 @@ def describe_url(url: URL) -> str:
     """How messages name a store: a SQLite file by its path, a server by its URL sans password."""
     if is_sqlite(url):
         return sqlite_path(url) or "in-memory SQLite database"
-    return url.render_as_string(hide_password=True)
+    # a password in the query (``?password=``, which libpq reads) is hidden too
+    return _CONNINFO_PASSWORD.sub(r"\1***", url.render_as_string(hide_password=True))
 
 
 def create_history_engine(url: URL) -> Engine:

@@ -287,13 +287,14 @@ def hold_output_dir(
         if found:
             (progress or log.warning)(found.summary())
         if fresh:
-            label = _run_id_of(output_dir)
+            label = earlier_run_id(output_dir)
             archive_run(output_dir, label)
         yield output_dir
 
 
-def _run_id_of(output_dir: Path) -> str | None:
-    """The run id an earlier run left in the directory (its run file, else its profile)."""
+def earlier_run_id(output_dir: Path) -> str | None:
+    """The run id an earlier run left in the directory (its run file, else its profile): what
+    ``--fresh`` archives it under, and the id a retried pipeline step keeps."""
     run_id = unfinished_run_id(output_dir)
     if run_id is None:
         with contextlib.suppress(OSError, ValueError, AttributeError):
@@ -310,6 +311,7 @@ __all__ = [
     "archive_run",
     "changed_inputs",
     "data_files",
+    "earlier_run_id",
     "hold_output_dir",
     "prepare_output_dir",
     "refuse_changed",

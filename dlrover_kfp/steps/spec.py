@@ -14,7 +14,8 @@ from dlrover_kfp.core.planner import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.errors import PermanentError, UserInputError
 from dlrover_kfp.files import read_document
-from dlrover_kfp.history import resolve_history_url
+from dlrover_kfp.history import ENV_VAR, mask_url_text, resolve_history_url
+from dlrover_kfp.history.engine import parse_url
 from dlrover_kfp.planning import local_planner_settings
 
 BACKENDS: Final = ("local", "kubernetes")
@@ -69,6 +70,32 @@ def history_url_or_default(url: str | None, environ: Mapping[str, str] = os.envi
     return resolve_history_url(given or None, environ)
 
 
+def refuse_password_parameter(url: str, source: str = "history_url") -> None:
+    """Refuse a history URL with a password given as a pipeline parameter.
+
+    An orchestrator prints a task's parameters in its log and keeps them in the run's record
+    (KFP's executor logs its whole input; the UI shows it), so a password there is already
+    out; refusing makes the mistake fail on day 1 instead of leaking every day. The password
+    belongs in a Secret, read as ``$DLROVER_KFP_HISTORY_URL``. The message names the URL
+    without its password."""
+    text = url.strip()
+    if "://" not in text:
+        return  # a file path, or empty: nothing secret in it
+    try:
+        parsed = parse_url(text)
+    except UserInputError:
+        carries = mask_url_text(text) != text  # what cannot be parsed is masked by pattern
+    else:
+        carries = bool(parsed.password) or any(k.lower() == "password" for k in parsed.query)
+    if carries:
+        shown = mask_url_text(text)
+        raise UserInputError(
+            f"{source}: {shown!r} has a password, and a parameter is printed in the task's log "
+            f"and kept in the run's record; put the URL in a Kubernetes Secret read as "
+            f"${ENV_VAR} (docs/kfp.md) and leave {source} empty"
+        )
+
+
 def check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise UserInputError(f"backend: {backend!r}; expected one of {', '.join(BACKENDS)}")
@@ -90,4 +117,5 @@ __all__ = [
     "load_job_spec",
     "load_spec_file",
     "planner_for",
+    "refuse_password_parameter",
 ]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from dlrover_kfp import __version__
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import read_document
@@ -16,6 +16,9 @@ from dlrover_kfp.runtime.job import Progress, RunResult
 from dlrover_kfp.runtime.kube import DEFAULT_MOUNT_PATH, KubeOptions, master_host, run_kubernetes
 from dlrover_kfp.runtime.launch import record_run, run_local
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
+from dlrover_kfp.runtime.rundir import earlier_run_id
+from dlrover_kfp.steps.image import IMAGE_ENV, check_image, pipeline_image
+from dlrover_kfp.steps.run_ids import stable_run_id
 from dlrover_kfp.steps.spec import (
     TrainingFailedError,
     check_backend,
@@ -25,10 +28,6 @@ from dlrover_kfp.steps.spec import (
 
 #: Where a pod finds its own namespace (every pod with a service account token has it).
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-#: The environment variable that names the worker and PS pods' image in a cluster; default:
-#: the project's image at this package's version (deploy/build.sh tags it so).
-IMAGE_ENV = "DLROVER_KFP_IMAGE"
 
 
 def read_plan(path: str | os.PathLike[str]) -> ResourcePlan:
@@ -44,16 +43,44 @@ def in_cluster_options(
     environ: Mapping[str, str] = os.environ,
 ) -> KubeOptions:
     """The Kubernetes backend's options for a job master that runs in a pod of the cluster (a
-    pipeline step): its own namespace, the project's image at this version, its own address
-    (``POD_IP`` from the downward API, else what its host name resolves to: a pod's own IP)."""
+    pipeline step): its own namespace, the pipeline's image for its pods (``image``, else
+    ``$DLROVER_KFP_IMAGE``, else the default: :func:`~dlrover_kfp.steps.image.pipeline_image`,
+    which refuses a name without a registry or a tag), its own address (``POD_IP`` from the
+    downward API, else what its host name resolves to: a pod's own IP)."""
     host = environ.get("POD_IP") or socket.gethostbyname(socket.gethostname())
     return KubeOptions(
         namespace=namespace or _own_namespace(),
-        image=image or environ.get(IMAGE_ENV) or f"dlrover-kfp:{__version__}",
+        image=check_image(image, "image") if image else pipeline_image(environ),
         claim=claim or None,
         mount_path=mount_path,
         master_host=host,
     )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OrchestratedRun:
+    """Where an orchestrator's run lives and the id it has in the history."""
+
+    run_id: str
+    output_dir: Path
+
+
+def orchestrated_run(
+    parent: Path, job_name: str, keys: tuple[str, ...], *, now: float | None = None
+) -> OrchestratedRun:
+    """The run of ``job_name`` that ``keys`` name (a KFP run and task), in ``parent``.
+
+    A retried task must land in the same directory, to resume from the last checkpoint rather
+    than start afresh, so the directory is named by the keys alone
+    (:func:`~dlrover_kfp.steps.run_ids.stable_run_id` without a date). The run id is that with
+    the date for people (UTC, ``now``) unless an earlier attempt left one in the directory (its
+    run file or profile): a retry after midnight keeps the first attempt's id, so that the
+    history still holds one run for the logical run.
+    """
+    output_dir = parent / stable_run_id(job_name, keys)
+    date = time.strftime("%Y%m%d", time.gmtime(now))
+    run_id = earlier_run_id(output_dir) or stable_run_id(job_name, keys, date)
+    return OrchestratedRun(run_id, output_dir)
 
 
 def _own_namespace() -> str:
@@ -117,9 +144,11 @@ __all__ = [
     "IMAGE_ENV",
     "KubeOptions",
     "OptionsFor",
+    "OrchestratedRun",
     "RunOptions",
     "RunSettings",
     "in_cluster_options",
+    "orchestrated_run",
     "read_plan",
     "train_step",
 ]

@@ -32,6 +32,7 @@ import yaml
 
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.runtime.metrics import DEFAULT_METRICS_PORT
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -48,6 +49,7 @@ EXPECTED_RULES: dict[tuple[str, str], frozenset[str]] = {
     ("", "pods"): frozenset({"create", "get", "list", "watch", "delete"}),
     ("", "pods/resize"): frozenset({"patch"}),
     ("", "secrets"): frozenset({"create", "update", "delete"}),
+    ("", "events"): frozenset({"create"}),
     ("metrics.k8s.io", "pods"): frozenset({"list"}),
     ("coordination.k8s.io", "leases"): frozenset({"get", "create", "update", "delete"}),
 }
@@ -299,13 +301,25 @@ def test_the_master_runs_once() -> None:
 
 def test_the_master_runs_this_versions_image_and_gives_it_to_its_pods() -> None:
     container = master_container()
-    image = f"dlrover-kfp:{pyproject_version()}"
+    image = f"registry.invalid/dlrover-kfp:{pyproject_version()}"  # steps/image.py
     assert container["image"] == image
     argv = container["command"]
     assert argv[:2] == ["dlrover-kfp", "run"]
     assert option(argv, "--image") == image
     assert option(argv, "--backend") == "kubernetes"
     assert option(argv, "--namespace") == "$(POD_NAMESPACE)"
+
+
+def test_the_master_declares_the_metrics_port_it_serves_on() -> None:
+    """The named ``metrics`` containerPort (a PodMonitor's target), the pod's Prometheus
+    annotations and ``--metrics-port`` are one port: the master's default in the cluster."""
+    container = master_container()
+    [port] = [p for p in container["ports"] if p["name"] == "metrics"]
+    assert port == {"name": "metrics", "containerPort": DEFAULT_METRICS_PORT, "protocol": "TCP"}
+    assert option(container["command"], "--metrics-port") == str(DEFAULT_METRICS_PORT)
+    annotations = master_job()["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(DEFAULT_METRICS_PORT)
+    assert annotations["prometheus.io/scrape"] == "true"
 
 
 def test_the_master_knows_itself_from_the_downward_api() -> None:
@@ -390,8 +404,9 @@ def test_the_image_installs_the_package_with_the_committed_constraints() -> None
     assert len(package) == 1, f"expected one pip install of the package, got {installs}"
     argv = package[0]
     assert constraint_files(argv) == ["constraints.txt"]
-    # kfp: KFP runs the components' bodies in this image and installs nothing at run time
-    assert ".[postgres,kubernetes,kfp]" in argv
+    # train: the trainer (torch). kfp: KFP runs the components' bodies in this image and
+    # installs nothing at run time
+    assert ".[train,postgres,kubernetes,kfp]" in argv
     assert constraint_pin("kubernetes") == "30.1.0"
     # Anything installed outside the constraints must be an exact pin with no dependencies.
     for other in installs:
@@ -457,7 +472,7 @@ def test_build_dry_run_tags_the_pyproject_version(tmp_path: Path) -> None:
     version = pyproject_version()
     argv = dry_run(tmp_path)
     assert argv[:2] == ["docker", "build"]
-    assert option(argv, "--tag") == f"dlrover-kfp:{version}"
+    assert option(argv, "--tag") == f"registry.invalid/dlrover-kfp:{version}"
     assert option(argv, "--build-arg") == f"VERSION={version}"
     assert Path(option(argv, "--file")) == DOCKERFILE
     assert Path(argv[-1]) == ROOT, "the build context is the repository root"
@@ -466,3 +481,29 @@ def test_build_dry_run_tags_the_pyproject_version(tmp_path: Path) -> None:
 def test_build_dry_run_takes_the_repository_name_from_image(tmp_path: Path) -> None:
     argv = dry_run(tmp_path, IMAGE="registry.example/ml/dlrover-kfp")
     assert option(argv, "--tag") == f"registry.example/ml/dlrover-kfp:{pyproject_version()}"
+
+
+@pytest.mark.parametrize(
+    ("image", "says"),
+    [
+        ("dlrover-kfp", "names no registry"),
+        ("ml/dlrover-kfp", "names no registry"),
+        ("registry.example/ml/dlrover-kfp:1", "without a tag"),
+    ],
+)
+def test_build_refuses_an_image_name_without_a_registry_or_with_a_tag(
+    tmp_path: Path, image: str, says: str
+) -> None:
+    environment = {**os.environ, "IMAGE": image}
+    result = subprocess.run(
+        ["bash", str(BUILD_SH), "--dry-run"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert f"IMAGE={image}" in result.stderr and says in result.stderr, result.stderr
+    assert not result.stdout

@@ -1,0 +1,121 @@
+"""The bodies of the three KFP components: what KFP ships, as source, into the compiled YAML.
+
+KFP copies a Python component's function (only the function) into the YAML and runs it in the
+image, so each body is self-contained: it imports one function of :mod:`components.glue` and
+hands it its parameters and its artifacts' paths. They are plain functions here, made
+components by :func:`components.elastic_dlrm.build` for a given image, so that one setting (the
+image) decides both the components' ``base_image`` and the job's worker and PS pods.
+
+Every component takes ``kfp_run_id``, which a pipeline sets to ``dsl.PIPELINE_JOB_ID_PLACEHOLDER``.
+KFP caches a task on its inputs, and a pipeline composed from these components caches by
+default: on day 2 the plan's inputs (the same job spec and history URL) would hit day 1's
+cache, and the train and record tasks, fed the cached plan, would hit theirs: nothing would
+train. A run-unique input is a cache key no run shares, whatever the pipeline's caching
+options. It is required, not defaulted to the placeholder, because KFP resolves a placeholder
+only where a task passes it, never in an input's default (the default would reach the
+component as the literal text, the same every day). It also names the KFP run for the train
+step's run id and run directory.
+
+``history_url`` is for a URL without a password: KFP prints every parameter in the task's log
+and keeps it in the run's record, so a URL with a password is refused (exit 2) and must come
+from a Kubernetes Secret as ``$DLROVER_KFP_HISTORY_URL`` (docs/kfp.md).
+"""
+
+# No `from __future__ import annotations`: KFP reads the parameters' annotations as types.
+from kfp import dsl
+
+
+def plan_resources(
+    job_spec: str,
+    kfp_run_id: str,
+    plan: dsl.Output[dsl.Artifact],
+    report: dsl.Output[dsl.Markdown],
+    history_url: str = "",
+    backend: str = "kubernetes",
+) -> None:
+    """Plan a job's workers and PS before it starts: warm start from the similar jobs in the
+    history store, else a cold start. ``job_spec``: a path in the image, or the YAML itself.
+    ``kfp_run_id``: pass dsl.PIPELINE_JOB_ID_PLACEHOLDER (a run-unique input: no cache hit).
+    The history: ``history_url`` if set (a URL with a password is refused: use a Secret),
+    else $DLROVER_KFP_HISTORY_URL (from the Secret), else the default SQLite file.
+
+    Outputs: ``plan`` (the plan JSON), ``report`` (Markdown).
+    """
+    from components.glue import plan_resources as run  # noqa: PLC0415
+
+    out = run(job_spec, history_url, backend, kfp_run_id, plan.path, report.path)
+    plan.metadata["stage"] = out.stage
+    plan.metadata["total_cpu"] = out.total_cpu
+    plan.metadata["similar_jobs"] = list(out.similar_jobs)
+
+
+def elastic_train(
+    job_spec: str,
+    plan: dsl.Input[dsl.Artifact],
+    kfp_run_id: str,
+    model: dsl.Output[dsl.Model],
+    metrics: dsl.Output[dsl.Metrics],
+    profile: dsl.Output[dsl.Artifact],
+    report: dsl.Output[dsl.HTML],
+    history_url: str = "",
+    backend: str = "kubernetes",
+    claim: str = "dlrover-kfp-runs",
+    kfp_task_name: str = "elastic-train",
+) -> None:
+    """Train the job from ``plan``, elastic: Stage 2 resizes it while it trains, Stage 3 acts
+    on OOMs, stragglers and hot PS, failed pods are relaunched, a lost PS rolls back to the
+    last flash checkpoint. ``backend``: "kubernetes" (this pod is the job master; the worker and
+    PS pods mount the PersistentVolumeClaim ``claim``) or "local" (processes in this pod).
+    ``kfp_run_id`` (dsl.PIPELINE_JOB_ID_PLACEHOLDER) and ``kfp_task_name``
+    (dsl.PIPELINE_TASK_NAME_PLACEHOLDER) name the run: its run id in the history and, on
+    Kubernetes, its directory on the claim, the same for every retry of the task, which resumes
+    from the last checkpoint. The history as for plan_resources.
+
+    Outputs: ``model`` (the trained model's directory), ``metrics`` (held-out loss and AUC),
+    ``profile`` (the run's profile JSON, for record_profile), ``report`` (HTML). A failed run is
+    recorded in the history before the task fails.
+    """
+    from components.glue import KfpRun  # noqa: PLC0415
+    from components.glue import elastic_train as run  # noqa: PLC0415
+
+    out = run(
+        job_spec,
+        plan.path,
+        history_url,
+        backend,
+        claim,
+        KfpRun(kfp_run_id, kfp_task_name),
+        model.path,
+        profile.path,
+        report.path,
+    )
+    if out.loss is not None:
+        metrics.log_metric("loss", out.loss)
+    if out.auc is not None:
+        metrics.log_metric("auc", out.auc)
+    metrics.log_metric("jct_seconds", out.jct_seconds)
+    metrics.log_metric("samples_processed", out.samples_processed)
+    profile.metadata["run_id"] = out.run_id
+    model.metadata["run_id"] = out.run_id
+
+
+def record_profile(
+    profile: dsl.Input[dsl.Artifact],
+    kfp_run_id: str,
+    summary: dsl.Output[dsl.Markdown],
+    history_url: str = "",
+) -> None:
+    """Record a run's profile in the history store, so that the job's next run warm-starts
+    from it; a run the store already has is replaced by this attempt (one run per logical
+    run). ``kfp_run_id``: dsl.PIPELINE_JOB_ID_PLACEHOLDER. The history as for plan_resources.
+
+    Output: ``summary`` (Markdown).
+    """
+    from components.glue import record_profile as run  # noqa: PLC0415
+
+    out = run(profile.path, history_url, kfp_run_id, summary.path)
+    summary.metadata["run_id"] = out.run_id
+    summary.metadata["recorded"] = out.new
+
+
+__all__ = ["elastic_train", "plan_resources", "record_profile"]
