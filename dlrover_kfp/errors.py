@@ -65,3 +65,9 @@ class HistoryDiskFullError(HistoryError, PermanentError):
 
 class NotFoundError(UserInputError, LookupError):
     """A named object (a job id in the history, say) does not exist."""
+
+
+class MissingExtraError(PermanentError):
+    """An optional part of dlrover-kfp is not installed; the message names the extra that
+    installs it (``pip install 'dlrover-kfp[train]'``). Permanent: the same environment fails
+    the same way on every retry, so Airflow and KFP must not retry it."""

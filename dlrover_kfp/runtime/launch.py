@@ -28,6 +28,7 @@ from dlrover_kfp.runtime.job import Progress, RunResult, static_groups, static_r
 from dlrover_kfp.runtime.options import RunOptions
 from dlrover_kfp.runtime.reserve import reserve_path
 from dlrover_kfp.runtime.rundir import hold_output_dir
+from dlrover_kfp.training.installed import require_trainer
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def run_job(
     unfinished in the output dir (killed) goes on from its last committed checkpoint
     (:class:`~dlrover_kfp.runtime.job.JobRun`).
     """
+    require_trainer(f"training {spec.name}")
     if options.static:
         result = _run_static(spec, backend, options, progress)
     else:
