@@ -73,7 +73,6 @@ from dlrover_kfp.errors import (
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.history import ENV_VAR
 from dlrover_kfp.steps.cancel import CANCEL_FILE, request_cancel
-from dlrover_kfp.steps.image import check_image
 from dlrover_kfp.steps.documents import (
     JobProfile,
     ResourcePlan,
@@ -83,6 +82,7 @@ from dlrover_kfp.steps.documents import (
     to_dict,
     to_json,
 )
+from dlrover_kfp.steps.image import check_image
 from dlrover_kfp.steps.run_ids import stable_run_id
 
 if TYPE_CHECKING:

@@ -124,6 +124,12 @@ def test_the_master_runs_as_a_pod_watched_through_the_api(
         "namespace", "pod", "uid", "kubeconfig", "context", "poll_interval", "deadline"
     }  # fmt: skip
 
+    # Cleared or retried while the master pod runs: the task waits for that pod again.
+    again = _defer(_operator(cluster, history), _context())
+    assert (again.pod, again.uid) == (trigger.pod, trigger.uid)
+    created = [c.name for c in cluster.api.calls if c.verb == "create" and c.resource == "pods"]
+    assert [name for name in created if name.endswith("-master")] == [trigger.pod]
+
     capfd.readouterr()
     started = time.monotonic()
     event = asyncio.run(_first(trigger))
