@@ -147,6 +147,17 @@ class ApiClient:
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"
         self.call("PATCH", path, json={"new_state": state})
 
+    def clear(self, dag_id: str, run_id: str, task_ids: list[str]) -> None:
+        """What a user does with "Clear" on tasks of a DAG run (the run goes back to queued)."""
+        body = {
+            "dry_run": False,
+            "dag_run_id": run_id,
+            "task_ids": task_ids,
+            "only_failed": False,
+            "reset_dag_runs": True,
+        }
+        self.call("POST", f"/dags/{dag_id}/clearTaskInstances", json=body)
+
     def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
         path = f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}"
         return self.call("GET", path, params={"deserialize": "true"})["value"]

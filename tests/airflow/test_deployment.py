@@ -131,7 +131,7 @@ def test_the_example_dag_on_a_deployment(deployment: AirflowDeployment, tmp_path
     history = f"sqlite:///{tmp_path / 'history.db'}"
 
     # Days 1 and 2: trained through the triggerer; day 2 warm-starts from day 1.
-    _, run_1 = _run_to_success(airflow, "2026-11-20", SHORT_JOB)
+    dag_run_1, run_1 = _run_to_success(airflow, "2026-11-20", SHORT_JOB)
     dag_run_2, run_2 = _run_to_success(airflow, "2026-11-21", SHORT_JOB)
     plan_2 = airflow.api.xcom(DAG_ID, dag_run_2, "plan")
     assert plan_2["stage"] == "warm_start"
@@ -200,3 +200,15 @@ def test_the_example_dag_on_a_deployment(deployment: AirflowDeployment, tmp_path
     assert set(runs) == {run_1, run_2, *cancelled, run_4}
     assert len(runs) == 4
     assert runs[run_4] == "succeeded"
+
+    # Day 1 again: the user clears train and record of the day that succeeded. It trains again
+    # under the same run id, and the history still holds one run for that day: the new one.
+    with open_history(history) as store:
+        first_start = store.get(run_1).started_at
+    airflow.api.clear(DAG_ID, dag_run_1, ["train", "record"])
+    airflow.wait_run(DAG_ID, dag_run_1, ["success"], timeout=400)
+    assert str(airflow.api.xcom(DAG_ID, dag_run_1, "train", "run_id")) == run_1
+    assert _history(history) == runs  # the same four runs
+    with open_history(history) as store:
+        assert store.get(run_1).started_at != first_start  # the re-run's profile
+    print("day 1 cleared and run again: one run for it in the history, the new attempt")

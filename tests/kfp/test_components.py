@@ -424,6 +424,7 @@ def test_a_history_url_from_the_secret_with_an_unreachable_server_fails_without_
     caplog: pytest.LogCaptureFixture,
     template: str,
 ) -> None:
+    pytest.importorskip("psycopg", reason="a PostgreSQL URL needs the postgres extra")
     import socket  # noqa: PLC0415
 
     with socket.socket() as probe:  # a loopback port where nothing listens: refused at once

@@ -162,6 +162,7 @@ def test_a_password_in_the_history_secret_is_in_no_log(
     """With $DLROVER_KFP_TEST_POSTGRES_URL (CI: .ci/postgres.sh) the committed pipeline runs
     and records on that server; without it, on a server that refuses the connection, the plan
     task fails with a clear message. Either way its password is printed nowhere."""
+    pytest.importorskip("psycopg", reason="a PostgreSQL URL needs the postgres extra")
     caplog.set_level(logging.DEBUG)
     server = os.environ.get("DLROVER_KFP_TEST_POSTGRES_URL", "").strip()
     whole = load_component_from_file(str(HERE / "elastic_dlrm_pipeline.yaml"))
