@@ -5,6 +5,7 @@ run as cancelled (not lost, not "failed"); running the task again resumes it."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +25,10 @@ from dlrover_kfp.history import open_history
 from tests.airflow.jobs import tiny_job
 
 JOB = tiny_job("dlrm-cancel", "dlrm-airflow-cancel", rows=2_000_000)
+
+
+#: A progress line of the master's log once a step was trained (step > 0).
+TRAINING = re.compile(r"\]\s+[\d,]+/[\d,]+ samples .* step [1-9]")
 
 
 def _job_processes(run_dir: Path) -> list[psutil.Process]:
@@ -69,7 +74,7 @@ def test_marking_the_deferred_task_failed_stops_the_job_and_records_a_cancel(
     try:
         deadline = time.monotonic() + 120
         log = run_dir / "master.log"
-        while "samples/s" not in (log.read_text() if log.exists() else ""):
+        while not TRAINING.search(log.read_text() if log.exists() else ""):
             assert master_alive(trigger.pid, trigger.create_time), log.read_text()[-3000:]
             assert time.monotonic() < deadline, "training never started"
             time.sleep(0.5)
