@@ -559,15 +559,7 @@ class KubernetesBackend:
         if owner is None:
             return None
         try:
-            found = self._call(
-                f"get pod {owner.name}",
-                self._core.read_namespaced_pod,
-                owner.name,
-                self.namespace,
-                ok_missing=True,
-                deadline_s=5.0,
-                _preload_content=False,
-            )
+            found = self._read_pod(owner.name, deadline_s=5.0)
         except (KubernetesApiError, TransientError) as exc:
             log.warning("cannot read the master's pod %s for a cancel: %s", owner.name, exc)
             return None
@@ -1019,14 +1011,16 @@ class KubernetesBackend:
                     name=name, role=pod.role, index=pod.index, phase=PodPhase.PENDING
                 )
 
-    def _read_pod(self, name: str) -> Any:
-        """The pod object ``name`` as the raw response (None: there is none)."""
+    def _read_pod(self, name: str, deadline_s: float | None = None) -> Any:
+        """The pod object ``name`` as the raw response (None: there is none); retried for at
+        most ``deadline_s`` when given, else by the policy."""
         return self._call(
             f"get pod {name}",
             self._core.read_namespaced_pod,
             name,
             self.namespace,
             ok_missing=True,
+            deadline_s=deadline_s,
             _preload_content=False,
         )
 

@@ -77,16 +77,20 @@ def _master(tmp_path: Path, body: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", body], cwd=tmp_path, start_new_session=True)
 
 
-def _wait_for(trigger_for: subprocess.Popen[bytes], tmp_path: Path, **kw: Any) -> dict[str, Any]:
-    trigger = ElasticTrainTrigger(
-        pid=trigger_for.pid,
-        create_time=process_create_time(trigger_for.pid),
+def _watching(proc: subprocess.Popen[bytes], tmp_path: Path, **kw: Any) -> ElasticTrainTrigger:
+    """The trigger the operator would make for ``proc`` started in ``tmp_path``."""
+    return ElasticTrainTrigger(
+        pid=proc.pid,
+        create_time=process_create_time(proc.pid),
         output_dir=str(tmp_path),
         host=socket.gethostname(),
         poll_interval=0.05,
         **kw,
     )
-    (event,) = _events(trigger)
+
+
+def _wait_for(trigger_for: subprocess.Popen[bytes], tmp_path: Path, **kw: Any) -> dict[str, Any]:
+    (event,) = _events(_watching(trigger_for, tmp_path, **kw))
     return event
 
 
@@ -165,13 +169,7 @@ def test_a_triggerer_restart_cancels_the_wait_and_leaves_the_job(tmp_path: Path)
     # A triggerer that shuts down or hands the trigger on cancels its coroutine without
     # calling on_kill: the job goes on, and the next triggerer waits for it again.
     proc = _master(tmp_path, "import time; time.sleep(60)")
-    trigger = ElasticTrainTrigger(
-        pid=proc.pid,
-        create_time=process_create_time(proc.pid),
-        output_dir=str(tmp_path),
-        host=socket.gethostname(),
-        poll_interval=0.05,
-    )
+    trigger = _watching(proc, tmp_path)
 
     async def cancel_soon() -> None:
         task = asyncio.ensure_future(trigger.run().__anext__())
@@ -207,13 +205,7 @@ def test_on_kill_stops_the_job_for_a_mark_and_leaves_it_for_a_clear(
         "signal.signal(signal.SIGTERM, stop)\n"
         "time.sleep(60)\n",
     )
-    trigger = ElasticTrainTrigger(
-        pid=proc.pid,
-        create_time=process_create_time(proc.pid),
-        output_dir=str(tmp_path),
-        host=socket.gethostname(),
-        poll_interval=0.05,
-    )
+    trigger = _watching(proc, tmp_path)
     trigger.task_instance = SimpleNamespace(  # what the triggerer sets
         dag_id="dlrm", task_id="train", run_id="scheduled__2026-11-20", map_index=-1
     )
