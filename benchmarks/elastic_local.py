@@ -32,7 +32,8 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.planning import local_planner_settings
 from dlrover_kfp.runtime.elastic import elastic_run
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
-from dlrover_kfp.training.data import open_dataset, split_ranges
+from dlrover_kfp.training.data import split_ranges
+from dlrover_kfp.training.datasets import open_dataset
 
 TABLES = (
     "[1000, 500, 10000, 20000, 50, 300, 100000, 7, 4000, 100, 3000, 60000, 200, 9000, 30, "

@@ -45,7 +45,8 @@ from dlrover_kfp.planning import local_planner_settings
 from dlrover_kfp.runtime.elastic import ElasticPolicy, elastic_run
 from dlrover_kfp.runtime.job import JobRun
 from dlrover_kfp.runtime.options import Migration, RunOptions, RunSettings
-from dlrover_kfp.training.data import open_dataset, split_ranges
+from dlrover_kfp.training.data import split_ranges
+from dlrover_kfp.training.datasets import open_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from elastic_local import spec, user_plan  # the same ctr-local job

@@ -88,7 +88,8 @@ from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.job import static_run
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
-from dlrover_kfp.training.data import Batch, Dataset, RowRange, open_dataset, split_ranges
+from dlrover_kfp.training.data import Batch, Dataset, RowRange, split_ranges
+from dlrover_kfp.training.datasets import open_dataset
 from dlrover_kfp.training.ps_state import PsConfig, PsState
 from dlrover_kfp.training.reference import ReferenceTrainer
 from dlrover_kfp.training.step import InProcessPs, WorkerModel

@@ -71,3 +71,15 @@ class MissingExtraError(PermanentError):
     """An optional part of dlrover-kfp is not installed; the message names the extra that
     installs it (``pip install 'dlrover-kfp[train]'``). Permanent: the same environment fails
     the same way on every retry, so Airflow and KFP must not retry it."""
+
+
+class DataError(UserInputError):
+    """The training data the spec names is missing or refused: no such object, credentials the
+    object store rejects, none at all. Permanent: the same spec and environment fail the same
+    way again, until someone fixes the path or the credentials."""
+
+
+class DataUnavailableError(TransientError):
+    """The object store holding the training data could not be reached (connection refused,
+    timeout, HTTP 5xx, throttling), or the data changed while the job read it: a later attempt,
+    which lists the data again, may succeed."""

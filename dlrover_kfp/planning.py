@@ -20,9 +20,9 @@ from dlrover_kfp.core.planner import PlannerSettings, context_from_spec, warm_st
 from dlrover_kfp.core.planner.quota import require_runnable
 from dlrover_kfp.core.planner.settings import DefaultQuota
 from dlrover_kfp.core.planner.warm_start import DAY_S
-from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.core.spec import JobSpec, TableData
 from dlrover_kfp.core.summary import summarize
-from dlrover_kfp.errors import NotFoundError
+from dlrover_kfp.errors import MissingExtraError, NotFoundError
 from dlrover_kfp.history import open_history
 from dlrover_kfp.ports import HistoryStore, SimilarityQuery, SystemClock, WallClock
 
@@ -123,6 +123,28 @@ def machine_capacity() -> DefaultQuota:
         capacity.memory_mb,
     )
     return capacity
+
+
+def with_data_rows(spec: JobSpec, base_dir: str | os.PathLike[str]) -> JobSpec:
+    """``spec`` with ``data.rows`` read from its Parquet files' metadata when it gives none.
+
+    The planner sizes a job by its rows (warm start matches jobs of a similar scale). A Parquet
+    footer states its row count (a few kB read per file); a CSV or Criteo file states nothing,
+    and counting its lines means reading all of it, which the master does anyway once it
+    starts: there the planner goes without, as it does for a spec that leaves ``rows`` out.
+    Without pyarrow (an install without the ``data`` extra) the plan goes without too.
+    """
+    data = spec.data
+    if not isinstance(data, TableData) or data.format != "parquet" or data.rows is not None:
+        return spec
+    from dlrover_kfp.training.datasets import open_dataset  # noqa: PLC0415 (pyarrow: lazily)
+
+    try:
+        rows = sum(open_dataset(data, spec.model, base_dir).source_rows)
+    except MissingExtraError as exc:
+        log.info("data.rows not given and %s: planning without the row count", exc)
+        return spec
+    return dataclasses.replace(spec, data=dataclasses.replace(data, rows=rows))
 
 
 def plan_start(

@@ -28,7 +28,8 @@ from dlrover_kfp.core.summary import cpu_utilisation
 from dlrover_kfp.runtime.job import Meter, RunResult
 from dlrover_kfp.runtime.launch import run_local
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
-from dlrover_kfp.training.data import open_dataset, split_ranges
+from dlrover_kfp.training.data import split_ranges
+from dlrover_kfp.training.datasets import open_dataset
 
 #: Synthetic rows per round. On 2 cores: JCT 60-70 s from the guess (about 15 s of it starting
 #: pods at a quarter core), 30-35 s warm-started; three rounds 2-3 minutes in all.

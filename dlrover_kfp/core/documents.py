@@ -61,7 +61,7 @@ def _describe(error: Any, prefix: str) -> str:
 #: Discriminated-union tags pydantic inserts into locations; not keys the user wrote.
 #: Discriminator values of tagged unions: pydantic puts them into an error's key path
 #: (``data.criteo.path``), which is not a key the user wrote, so messages leave them out.
-_UNION_TAGS: set[str] = {"criteo", "synthetic"}
+_UNION_TAGS: set[str] = {"criteo", "parquet", "csv", "tsv", "synthetic"}
 
 
 def register_union_tags(*tags: str) -> None:

@@ -81,13 +81,80 @@ class ModelSpec:
         )
 
 
+#: Criteo's column names, the default mapping of a table of click logs.
+CRITEO_LABEL = "label"
+CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
+CRITEO_SPARSE = tuple(f"C{i}" for i in range(1, 27))
+
+#: ``data.path``: a local path or glob, or an fsspec URL (``s3://bucket/day=*/part-*.parquet``,
+#: ``gs://``, ``file://``, ``memory://``). Credentials never go here: they come from the
+#: environment (the standard AWS and Google variables) or an Airflow connection.
+DataPath = Annotated[
+    Str,
+    Field(
+        description="a local path or glob, or an fsspec URL (s3://, gs://, file://); "
+        "credentials come from the environment, never from the spec"
+    ),
+]
+
+
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
 class CriteoData:
     """Criteo click logs (tab or comma separated, with or without a header)."""
 
-    path: Str
+    path: DataPath
     format: Literal["criteo"] = "criteo"
     rows: Size | None = Field(default=None, description="row count if known; helps planning")
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class DataColumns:
+    """Which columns of a table are the label, the dense and the categorical features.
+
+    The default is Criteo's naming; the model's ``dense_features`` and ``table_sizes`` must match
+    the number of dense and sparse columns (one embedding table per sparse column, in order).
+    """
+
+    label: Str = CRITEO_LABEL
+    dense: tuple[Str, ...] = CRITEO_DENSE
+    sparse: tuple[Str, ...] = CRITEO_SPARSE
+
+    @model_validator(mode="after")
+    def _distinct(self) -> DataColumns:
+        names = [self.label, *self.dense, *self.sparse]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"data.columns: a column is named more than once: {repeated}")
+        if not self.sparse:
+            raise ValueError("data.columns.sparse: need at least one categorical column")
+        return self
+
+
+@dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
+class TableData:
+    """Rows of a table in Parquet, CSV or TSV files, read by column name.
+
+    ``header`` (CSV and TSV only): ``false`` when the files have no header line; their columns
+    are then, in order, ``columns.label``, ``columns.dense`` and ``columns.sparse``.
+    """
+
+    format: Literal["parquet", "csv", "tsv"]
+    path: DataPath
+    columns: DataColumns = DataColumns()
+    header: bool | None = Field(default=None, description="CSV/TSV: the files have a header")
+    rows: Size | None = Field(
+        default=None, description="row count if known; else read from the files"
+    )
+
+    @model_validator(mode="after")
+    def _header_for_text(self) -> TableData:
+        if self.format == "parquet" and self.header is not None:
+            raise ValueError("data.header: only for csv and tsv (a Parquet file names its columns)")
+        return self
+
+    @property
+    def has_header(self) -> bool:
+        return self.header is not False
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
@@ -99,7 +166,9 @@ class SyntheticData:
     seed: Seed = 0
 
 
-DataSpec = Annotated[CriteoData | SyntheticData, Field(discriminator="format")]
+DataSpec = Annotated[CriteoData | TableData | SyntheticData, Field(discriminator="format")]
+#: Data read from files (every format but synthetic).
+FileData = CriteoData | TableData
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)
@@ -166,6 +235,24 @@ class JobSpec:
     scenario: Str | None = Field(default=None, description="similarity key for warm start")
     resources: ResourcesSpec = ResourcesSpec()
     elastic: ElasticSpec = ElasticSpec()
+
+    @model_validator(mode="after")
+    def _columns_fit_model(self) -> JobSpec:
+        if not isinstance(self.data, TableData):
+            return self
+        columns, model = self.data.columns, self.model
+        if len(columns.dense) != model.dense_features:
+            raise ValueError(
+                f"data.columns.dense: {len(columns.dense)} columns for model.dense_features "
+                f"{model.dense_features}; name one dense column per dense feature"
+            )
+        if len(columns.sparse) != len(model.table_sizes):
+            raise ValueError(
+                f"data.columns.sparse: {len(columns.sparse)} columns for "
+                f"{len(model.table_sizes)} model.table_sizes; name one categorical column per "
+                "embedding table"
+            )
+        return self
 
     @model_validator(mode="after")
     def _within_quota(self) -> JobSpec:

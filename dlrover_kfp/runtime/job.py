@@ -68,7 +68,8 @@ from dlrover_kfp.runtime.rundir import (
 )
 from dlrover_kfp.runtime.runfile import RUN_FILE, unfinished_run
 from dlrover_kfp.training import checkpoint as ckpt
-from dlrover_kfp.training.data import open_dataset, split_ranges
+from dlrover_kfp.training.data import split_ranges
+from dlrover_kfp.training.datasets import data_fingerprint, open_dataset
 from dlrover_kfp.training.node import THREADS_ENV
 from dlrover_kfp.training.wire import SECRET_ENV_VAR, Server, new_secret, secret_to_env
 
@@ -372,8 +373,12 @@ class JobRun(Generic[P]):
         self.launched_at: dict[str, float] = {}
 
         self.dataset_rows = sum(dataset.source_rows)
+        source_rows = dataset.source_rows
         train, self.eval_ranges = split_ranges(
-            dataset.source_rows, self.settings.shard_rows, self.settings.eval_fraction
+            source_rows,
+            self.settings.shard_rows,
+            self.settings.eval_fraction,
+            units=[dataset.units(s) for s in range(len(source_rows))],
         )
         if not train:
             raise UserInputError(f"data: no training rows in {dataset.description}")
@@ -401,7 +406,10 @@ class JobRun(Generic[P]):
                 "seed": self.settings.seed,
                 "checkpoint_dir": str(self.checkpoint_dir.resolve()),
                 "job_id": self.run_id,
+                # the files this master listed: a worker that lists others refuses to train
+                "data_files": data_fingerprint(dataset),
             },
+            locate=dataset.locate,
         )
         self.ps_watch = PsWatch(self.state, self.secret, self.clock.monotonic)
         output_dir.mkdir(parents=True, exist_ok=True)

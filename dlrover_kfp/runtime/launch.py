@@ -21,7 +21,13 @@ from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import read_document, write_atomic
 from dlrover_kfp.history import open_history
 from dlrover_kfp.history.pending import record_or_keep
-from dlrover_kfp.planning import check_plan, known_points, local_planner_settings, plan_start
+from dlrover_kfp.planning import (
+    check_plan,
+    known_points,
+    local_planner_settings,
+    plan_start,
+    with_data_rows,
+)
 from dlrover_kfp.runtime import signals
 from dlrover_kfp.runtime.elastic import elastic_run
 from dlrover_kfp.runtime.job import Progress, RunResult, static_groups, static_run
@@ -90,7 +96,8 @@ def _run_elastic(
     planner = options.planner or local_planner_settings()
     options = dataclasses.replace(options, planner=planner)
     if options.plan is None:
-        plan, known = plan_start(spec, options.history_url, planner)
+        planned = with_data_rows(spec, options.base_dir)
+        plan, known = plan_start(planned, options.history_url, planner)
         source = f"the starting plan ({plan.stage.value})"
     else:
         plan = options.plan

@@ -35,12 +35,13 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from dlrover_kfp.core.node_id import NodeId, holder_name
 from dlrover_kfp.core.shards import ShardLedger
+from dlrover_kfp.training.data import RowRange
 from dlrover_kfp.training.master_protocol import (
     CONFIG,
     GET_SHARD,
@@ -198,6 +199,9 @@ class MasterState:
     restart_released: bool = False
     #: per PS that registered after a restart, where it restored from (memory, volume, start)
     restored_from: dict[int, str] = field(default_factory=dict)
+    #: where a shard's rows lie in its file (``Dataset.locate``): sent with the lease, so that
+    #: a worker reads its shards' bytes without indexing the file itself
+    locate: Callable[[RowRange], Sequence[int] | None] | None = None
 
     def self_reported_usage(
         self, now: float, max_age_s: float
@@ -437,13 +441,17 @@ class MasterService:
             finished = self.state.ledger.finished
         if shard is None:
             return Message("shard", {"shard": None, "finished": finished}, ())
-        body = {
+        body: dict[str, Any] = {
             "id": shard.id,
             "source": shard.source,
             "start": shard.start,
             "end": shard.end,
             "epoch": shard.epoch,
         }
+        if self.state.locate is not None:
+            span = self.state.locate(RowRange(shard.source, shard.start, shard.end))
+            if span is not None:
+                body["span"] = [int(x) for x in span]
         return Message("shard", {"shard": body, "finished": False}, ())
 
     def _report(self, peer: PeerInfo, meta: dict[str, Any]) -> Message:

@@ -36,7 +36,8 @@ from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.runtime.leftovers import reap_leftovers
 from dlrover_kfp.runtime.reserve import RESERVE_FILE
 from dlrover_kfp.runtime.runfile import unfinished_run_id
-from dlrover_kfp.training.data import CriteoFiles, Dataset
+from dlrover_kfp.training.data import Dataset
+from dlrover_kfp.training.storage import display
 
 log = logging.getLogger(__name__)
 
@@ -195,19 +196,16 @@ def run_inputs(
 
 
 def data_files(dataset: Dataset) -> dict[str, str]:
-    """``data.file[PATH] -> "N bytes, modified T"`` for each file of a file dataset ({} for
-    generated data). A file that cannot be read any more reads as ``"missing"``."""
-    if not isinstance(dataset, CriteoFiles):
-        return {}
+    """``data.file[URL] -> "N bytes, modified T"`` (a local file) or ``"N bytes, version V"``
+    (an object: its ETag or generation) for each file of a file dataset, as listed when the
+    dataset was opened ({} for generated data)."""
     out = {}
-    for path in dataset.paths:
-        try:
-            st = os.stat(path)
-        except OSError:
-            out[f"data.file[{path}]"] = "missing"
+    for f in getattr(dataset, "files", None) or ():
+        if "://" in f.url:
+            out[f"data.file[{display(f.url)}]"] = f"{f.size} bytes, version {f.version}"
             continue
-        stamp = datetime.fromtimestamp(st.st_mtime_ns / 1e9, UTC).isoformat(timespec="microseconds")
-        out[f"data.file[{path}]"] = f"{st.st_size} bytes, modified {stamp}"
+        stamp = datetime.fromtimestamp(int(f.version) / 1e9, UTC).isoformat(timespec="microseconds")
+        out[f"data.file[{f.url}]"] = f"{f.size} bytes, modified {stamp}"
     return out
 
 

@@ -18,7 +18,7 @@ import yaml
 from dlrover_kfp.core.documents import parse, to_dict, to_json
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.profile import JobProfile
-from dlrover_kfp.core.spec import CriteoData, JobSpec
+from dlrover_kfp.core.spec import CriteoData, JobSpec, TableData
 from dlrover_kfp.errors import SpecError
 from dlrover_kfp.files import read_document
 
@@ -64,9 +64,13 @@ def profile_from_document(data: object, source: str = "profile") -> JobProfile:
 def standalone_spec_yaml(loaded: LoadedSpec) -> str:
     """The job spec as YAML that a process started in another directory reads the same way:
     a relative data path is made absolute against the directory it was relative to
-    (:attr:`LoadedSpec.base_dir`)."""
+    (:attr:`LoadedSpec.base_dir`); a URL (``s3://``, ``file://``) stays as it is."""
     spec: JobSpec = loaded.spec
-    if isinstance(spec.data, CriteoData) and not Path(spec.data.path).is_absolute():
+    if (
+        isinstance(spec.data, CriteoData | TableData)
+        and "://" not in spec.data.path  # a URL is where it is
+        and not Path(spec.data.path).is_absolute()
+    ):
         data = dataclasses.replace(spec.data, path=str(loaded.base_dir / spec.data.path))
         spec = dataclasses.replace(spec, data=data)
     return yaml.safe_dump(to_dict(spec), sort_keys=False)

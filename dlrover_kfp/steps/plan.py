@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.planning import plan_start
+from dlrover_kfp.planning import plan_start, with_data_rows
 from dlrover_kfp.steps.spec import history_url_or_default, load_job_spec, planner_for
 
 
@@ -25,7 +25,8 @@ def plan_step(
     when empty), with ``backend``'s planner settings. Reads the history; writes nothing."""
     loaded = load_job_spec(job_spec)
     settings = planner_for(backend)
-    plan, _ = plan_start(loaded.spec, history_url_or_default(history_url), settings)
+    spec = with_data_rows(loaded.spec, loaded.base_dir)
+    plan, _ = plan_start(spec, history_url_or_default(history_url), settings)
     return PlanStepResult(loaded.spec, plan, plan_markdown(loaded.spec, plan))
 
 

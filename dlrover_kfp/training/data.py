@@ -60,7 +60,6 @@ are stable in practice, but numpy does not promise it across versions); see
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import math
 import os
@@ -71,8 +70,8 @@ from typing import BinaryIO, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from dlrover_kfp.core.spec import CriteoData, ModelSpec, SyntheticData
 from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.training import storage
 
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
@@ -88,6 +87,8 @@ _CR = ord("\r")
 _INDEX_CHUNK = 1 << 24  # bytes per read while indexing: bounds memory on 45 GB files
 _HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 _LABELS = {b"0": 0.0, b"1": 1.0}
+#: File name endings of Criteo logs, for a ``data.path`` that names a directory.
+CRITEO_SUFFIXES = (".csv", ".tsv", ".txt")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,8 +171,21 @@ class Dataset(Protocol):
         """One line for logs and metrics: what the data is."""
         ...
 
-    def read(self, rows: RowRange) -> Batch:
-        """Rows ``[rows.start, rows.end)`` of source ``rows.source``; deterministic."""
+    def read(self, rows: RowRange, span: Sequence[int] | None = None) -> Batch:
+        """Rows ``[rows.start, rows.end)`` of source ``rows.source``; deterministic.
+
+        ``span``: what :meth:`locate` gave for these rows in the master, so that a worker reads
+        them without indexing the file itself."""
+        ...
+
+    def locate(self, rows: RowRange) -> Sequence[int] | None:
+        """Where ``rows`` lie in their file (the master hands it to a worker with the lease);
+        ``None`` when the worker finds them on its own (Parquet footers, generated rows)."""
+        ...
+
+    def units(self, source: int) -> Sequence[int] | None:
+        """Row boundaries a shard of ``source`` should not cross (Parquet row groups: a shard
+        that cut one would make two workers read it), or ``None``: cut anywhere."""
         ...
 
 
@@ -257,7 +271,9 @@ class LineIndex:
         return int(self.marks[first]), int(self.marks[last]), start - first * self.stride
 
 
-def _content_end(f: BinaryIO, size: int, newline: int = _NEWLINE) -> tuple[int, int, int]:
+def _content_end(
+    f: BinaryIO | storage.CountingFile, size: int, newline: int = _NEWLINE
+) -> tuple[int, int, int]:
     """Scan back from the end for the last byte that is not ``\\r``/``\\n``.
 
     Returns (its position or -1, newlines after it, the end of its line: just past the first
@@ -291,19 +307,28 @@ def index_lines(
     ``\\n`` are not rows; a last line without its newline is. ``newline`` is the file's line
     end (:func:`line_end`).
     """
+    with open(path, "rb") as f:
+        return index_lines_in(f, skip_header, stride, newline)
+
+
+def index_lines_in(
+    f: BinaryIO | storage.CountingFile, skip_header: bool, stride: int = 256, newline: bytes = b"\n"
+) -> LineIndex:
+    """:func:`index_lines` of an open seekable file (local or from an object store): one pass
+    from its start to its end."""
+    f.seek(0)
     h = 1 if skip_header else 0
     end = ord(newline)
     parts: list[IntArray] = [np.zeros(1, dtype=np.int64)] if h == 0 else []
     seen = 0  # newlines before this chunk
     size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_INDEX_CHUNK):
-            breaks = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == end)
-            first = -(seen + 1 - h) % stride  # first break here that starts a kept line
-            parts.append(breaks[first::stride].astype(np.int64) + (size + 1))
-            seen += len(breaks)
-            size += len(chunk)
-        last, tail_newlines, data_end = _content_end(f, size, end)
+    while chunk := f.read(_INDEX_CHUNK):
+        breaks = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == end)
+        first = -(seen + 1 - h) % stride  # first break here that starts a kept line
+        parts.append(breaks[first::stride].astype(np.int64) + (size + 1))
+        seen += len(breaks)
+        size += len(chunk)
+    last, tail_newlines, data_end = _content_end(f, size, end)
     # Lines up to the last content byte: the newlines before it, plus its own line.
     rows = max(seen - tail_newlines + 1 - h, 0) if last >= 0 else 0
     kept = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -322,7 +347,7 @@ def line_end(head: bytes) -> bytes:
     return b"\r" if b"\r" in head and b"\n" not in head else b"\n"
 
 
-def _lines(f: BinaryIO, newline: bytes) -> Iterator[bytes]:
+def _lines(f: BinaryIO | storage.CountingFile, newline: bytes) -> Iterator[bytes]:
     """The lines of ``f`` from where it is, without their ``newline``, a block at a time."""
     rest = b""
     while block := f.read(_LINE_END_PROBE):
@@ -412,11 +437,12 @@ class CriteoFiles:
 
     def __init__(
         self,
-        paths: Sequence[str | os.PathLike[str]],
+        paths: Sequence[str | os.PathLike[str] | storage.StoredFile],
         table_sizes: Sequence[int],
         dense_features: int = CRITEO_DENSE_FEATURES,
         *,
         index_stride: int = 256,
+        eager: bool = True,
     ) -> None:
         if index_stride < 1:
             raise ValueError(f"index_stride must be >= 1, got {index_stride}")
@@ -434,20 +460,35 @@ class CriteoFiles:
             raise UserInputError("data.path: no Criteo file given")
         self._table_sizes = _check_tables(table_sizes)
         self._dense_features = dense_features
-        self._paths = tuple(os.fspath(p) for p in paths)
-        #: per file: (separator, has a header, line end)
-        self._layouts = tuple(self._open(p) for p in self._paths)
+        self._files = tuple(
+            p if isinstance(p, storage.StoredFile) else _local_file(p) for p in paths
+        )
+        self._paths = tuple(storage.display(f.url) for f in self._files)
+        #: the data bytes read (a worker logs it; tests check that it reads its shards' bytes)
+        self.counter = storage.ReadCounter()
+        #: per file: (separator, has a header, line end), read on first use
+        self._layouts: list[tuple[bytes, bool, bytes] | None] = [None] * len(self._files)
         self._stride = index_stride
         self._indexes: list[LineIndex | None] = [None] * len(self._paths)
+        if eager:
+            for s in range(len(self._files)):
+                self._layout(s)
+
+    def _layout(self, source: int) -> tuple[bytes, bool, bytes]:
+        layout = self._layouts[source]
+        if layout is None:
+            layout = self._layouts[source] = self._open(self._files[source], self.counter)
+        return layout
 
     @staticmethod
-    def _open(path: str) -> tuple[bytes, bool, bytes]:
+    def _open(f: storage.StoredFile, counter: storage.ReadCounter) -> tuple[bytes, bool, bytes]:
         """The file's layout; raises if it is missing, unreadable or holds no data row."""
+        path = storage.display(f.url)
         try:
-            with open(path, "rb") as f:
-                newline = line_end(f.read(_LINE_END_PROBE))
-                f.seek(0)
-                lines = _lines(f, newline)
+            with storage.storage_errors(f.url), storage.open_file(f, counter) as fh:
+                newline = line_end(fh.read(_LINE_END_PROBE))
+                fh.seek(0)
+                lines = _lines(fh, newline)
                 first = next(lines, b"")
                 sep, header = _detect_layout(first)
                 line = next(lines, None) if header else first
@@ -465,9 +506,11 @@ class CriteoFiles:
         index = self._indexes[source]
         if index is None:
             path = self._paths[source]
+            f = self._files[source]
             try:
-                _, header, newline = self._layouts[source]
-                index = index_lines(path, header, self._stride, newline)
+                _, header, newline = self._layout(source)
+                with storage.storage_errors(f.url), storage.open_file(f, self.counter) as fh:
+                    index = index_lines_in(fh, header, self._stride, newline)
             except OSError as exc:
                 raise UserInputError(f"{path}: cannot read ({exc.strerror})") from exc
             if index.rows == 0:
@@ -480,6 +523,10 @@ class CriteoFiles:
         return self._paths
 
     @property
+    def files(self) -> tuple[storage.StoredFile, ...]:
+        return self._files
+
+    @property
     def source_rows(self) -> tuple[int, ...]:
         return tuple(self.line_index(s).rows for s in range(len(self._paths)))
 
@@ -489,23 +536,33 @@ class CriteoFiles:
         more = f" and {len(self._paths) - 1} more" if len(self._paths) > 1 else ""
         return f"criteo files {first}{more}"
 
-    def read(self, rows: RowRange) -> Batch:
+    def locate(self, rows: RowRange) -> tuple[int, int, int]:
+        """(first byte, end byte, lines to skip) of ``rows``."""
+        return self.line_index(rows.source).span(rows.start, rows.end)
+
+    def units(self, source: int) -> None:
+        return None
+
+    def read(self, rows: RowRange, span: Sequence[int] | None = None) -> Batch:
         if rows.source >= len(self._paths):
             raise ValueError(f"{rows} names no file: there are {len(self._paths)} sources")
-        index = self.line_index(rows.source)
         path = self._paths[rows.source]
-        if rows.end > index.rows:
-            raise ValueError(f"{rows} is past the end of {path} ({index.rows} rows)")
         if rows.rows == 0:
             return _empty_batch(self._dense_features, len(self._table_sizes))
-        begin, end, skip = index.span(rows.start, rows.end)
+        if span is None:
+            index = self.line_index(rows.source)
+            if rows.end > index.rows:
+                raise ValueError(f"{rows} is past the end of {path} ({index.rows} rows)")
+            span = index.span(rows.start, rows.end)
+        begin, end, skip = (int(x) for x in span)
+        f = self._files[rows.source]
+        sep, _, newline = self._layout(rows.source)
         try:
-            with open(path, "rb") as f:
-                f.seek(begin)
-                chunk = f.read(end - begin)
+            with storage.storage_errors(f.url), storage.open_file(f, self.counter) as fh:
+                fh.seek(begin)
+                chunk = fh.read(end - begin)
         except OSError as exc:
             raise UserInputError(f"{path}: cannot read ({exc.strerror})") from exc
-        sep, _, newline = self._layouts[rows.source]
         lines = chunk.split(newline)[skip : skip + rows.rows]
         if len(lines) != rows.rows:
             raise UserInputError(f"{path}: file changed since it was indexed")
@@ -655,7 +712,13 @@ class SyntheticCriteo:
             f"dense={self._dense_features}"
         )
 
-    def read(self, rows: RowRange) -> Batch:
+    def locate(self, rows: RowRange) -> None:
+        return None
+
+    def units(self, source: int) -> None:
+        return None
+
+    def read(self, rows: RowRange, span: Sequence[int] | None = None) -> Batch:
         dense, sparse, labels, _ = self._gather(rows)
         return Batch(dense=dense, sparse=sparse, labels=labels, bad_rows=0)
 
@@ -771,28 +834,11 @@ class SyntheticCriteo:
 # ------------------------------------------------------------------------------------------------
 
 
-def open_dataset(
-    data: CriteoData | SyntheticData, model: ModelSpec, base_dir: str | os.PathLike[str] = "."
-) -> Dataset:
-    """The dataset a job spec names. ``data.path`` is a glob; relative to ``base_dir``."""
-    if isinstance(data, SyntheticData):
-        return SyntheticCriteo(
-            rows=data.rows,
-            table_sizes=model.table_sizes,
-            dense_features=model.dense_features,
-            seed=data.seed,
-        )
-    pattern = os.path.expanduser(data.path)
-    if not os.path.isabs(pattern):
-        pattern = os.path.join(os.fspath(base_dir), pattern)
-    matches = sorted(p for p in glob.glob(pattern) if os.path.isfile(p))
-    if not matches:
-        raise UserInputError(f"data.path: no file matches {data.path!r} (looked for {pattern!r})")
-    return CriteoFiles(matches, model.table_sizes, model.dense_features)
-
-
 def split_ranges(
-    source_rows: Sequence[int], shard_rows: int, eval_fraction: float
+    source_rows: Sequence[int],
+    shard_rows: int,
+    eval_fraction: float,
+    units: Sequence[Sequence[int] | None] | None = None,
 ) -> tuple[list[RowRange], list[RowRange]]:
     """(training shards, evaluation ranges): the last ``eval_fraction`` of every source is held out.
 
@@ -800,6 +846,11 @@ def split_ranges(
     (every source is represented in evaluation); the first ``n - n_eval`` rows are cut, in order,
     into shards of ``shard_rows`` rows (the last one shorter). Holding out the *tail* rather than
     a random sample keeps evaluation honest on click logs, which are in time order.
+
+    ``units[s]`` (a source's row-group boundaries, ``0 = b_0 < b_1 < ... = n``): its shards are
+    then runs of whole groups, as many as fit in ``shard_rows`` rows and at least one (a group
+    larger than ``shard_rows`` is one shard), the last one ending at the held-out cut. The
+    held-out rows are the same either way.
     """
     if shard_rows < 1:
         raise UserInputError(f"shard_rows: must be >= 1, got {shard_rows}")
@@ -814,9 +865,41 @@ def split_ranges(
         if eval_fraction > 0 and n >= 2:
             n_eval = max(n_eval, 1)
         cut = n - n_eval
-        train.extend(
-            RowRange(source, s, min(s + shard_rows, cut)) for s in range(0, cut, shard_rows)
-        )
+        bounds = units[source] if units is not None else None
+        if bounds is None:
+            train.extend(
+                RowRange(source, s, min(s + shard_rows, cut)) for s in range(0, cut, shard_rows)
+            )
+        else:
+            train.extend(RowRange(source, a, b) for a, b in _unit_shards(bounds, cut, shard_rows))
         if n_eval:
             evaluation.append(RowRange(source, cut, n))
     return train, evaluation
+
+
+def _unit_shards(bounds: Sequence[int], cut: int, shard_rows: int) -> list[tuple[int, int]]:
+    """Rows ``[0, cut)`` cut at the group boundaries ``bounds`` into runs of whole groups of at
+    most ``shard_rows`` rows (a larger group alone); the last run ends at ``cut``."""
+    points = [int(b) for b in bounds if 0 < b < cut] + ([cut] if cut > 0 else [])
+    shards: list[tuple[int, int]] = []
+    start, end = 0, 0
+    for p in points:
+        if end > start and p - start > shard_rows:
+            shards.append((start, end))
+            start = end
+        end = p
+    if end > start:
+        shards.append((start, end))
+    return shards
+
+
+def _local_file(path: str | os.PathLike[str]) -> storage.StoredFile:
+    """A local file given by path (tests, a caller that globbed itself) as a StoredFile."""
+    name = os.path.abspath(os.fspath(path))
+    try:
+        st = os.stat(name)
+    except OSError as exc:
+        raise UserInputError(
+            f"{os.fspath(path)}: cannot read Criteo file ({exc.strerror})"
+        ) from exc
+    return storage.StoredFile(url=name, size=st.st_size, version=str(st.st_mtime_ns))

@@ -204,6 +204,20 @@ class _SwitchNotice:
         return False
 
 
+def _log_bytes_read(name: str, dataset: object, rows: int) -> None:
+    """One line with the data bytes this worker read (file datasets count them): a worker
+    should read its shards' bytes and little more (docs/data.md)."""
+    counter = getattr(dataset, "counter", None)
+    if counter is not None:
+        log.info(
+            "%s: data read: %d bytes in %d reads for %d rows",
+            name,
+            counter.bytes,
+            counter.reads,
+            rows,
+        )
+
+
 def _route_shard(model: WorkerModel, batch: Batch, batch_size: int) -> list[Routed]:
     return [
         model.route(batch.slice(start, min(start + batch_size, len(batch))))
@@ -225,12 +239,15 @@ def _prefetch(
 ) -> None:
     """Lease shards, read their rows and route their mini-batches one shard ahead of training
     (on its own connection to the master)."""
-    from dlrover_kfp.training.data import RowRange, open_dataset  # noqa: PLC0415
+    from dlrover_kfp.training.data import RowRange  # noqa: PLC0415
+    from dlrover_kfp.training.datasets import check_fingerprint, open_dataset  # noqa: PLC0415
 
     try:
         spec = job_spec(config)
         batch_size = spec.training.batch_size
-        dataset = open_dataset(spec.data, spec.model, config["base_dir"])
+        dataset = open_dataset(spec.data, spec.model, config["base_dir"], eager=False)
+        check_fingerprint(dataset, config.get("data_files"))
+        rows_read = 0
         while True:
             reply = master.request(GET_SHARD, {"worker": name, "incarnation": incarnation})
             shard = reply.meta["shard"]
@@ -238,12 +255,14 @@ def _prefetch(
                 out.put(_Switch(int(reply.meta[SWITCH])))
             if shard is None:
                 if reply.meta["finished"]:
+                    _log_bytes_read(name, dataset, rows_read)
                     out.put(None)
                     return
                 time.sleep(0.02)  # every shard is leased (or the PS change); wait
                 continue
             rows = RowRange(int(shard["source"]), int(shard["start"]), int(shard["end"]))
-            batch = dataset.read(rows)
+            batch = dataset.read(rows, span=shard.get("span"))
+            rows_read += rows.rows
             num_ps = model.servers.num_ps
             out.put(_Work(shard, batch, _route_shard(model, batch, batch_size), num_ps))
     except BaseException as exc:  # handed to the training thread, which exits non-zero

@@ -48,7 +48,8 @@ from dlrover_kfp.ports import PodPhase, PodStatus
 from dlrover_kfp.runtime.elastic import ElasticPolicy, elastic_run
 from dlrover_kfp.runtime.job import JobRun, RunResult
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
-from dlrover_kfp.training.data import open_dataset, split_ranges
+from dlrover_kfp.training.data import split_ranges
+from dlrover_kfp.training.datasets import open_dataset
 
 #: Held-out log-loss a faulty run may differ by from the fault-free run's. Asynchronous PS
 #: training is not deterministic even without faults (workers interleave their pushes

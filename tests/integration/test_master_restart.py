@@ -22,7 +22,8 @@ import pytest
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.options import RunSettings
-from dlrover_kfp.training.data import open_dataset, split_ranges
+from dlrover_kfp.training.data import split_ranges
+from dlrover_kfp.training.datasets import open_dataset
 from tests.chaos.harness import trainer_pids
 
 JOB = """\

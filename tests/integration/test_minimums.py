@@ -23,7 +23,8 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.job import static_run
 from dlrover_kfp.runtime.launch import run_local
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
-from dlrover_kfp.training.data import open_dataset, split_ranges
+from dlrover_kfp.training.data import split_ranges
+from dlrover_kfp.training.datasets import open_dataset
 from dlrover_kfp.training.wire import secret_to_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -26,7 +26,8 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.job import JobRun, RunResult, static_run
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.training.checkpoint import list_checkpoints, load_checkpoint
-from dlrover_kfp.training.data import RowRange, open_dataset, split_ranges
+from dlrover_kfp.training.data import RowRange, split_ranges
+from dlrover_kfp.training.datasets import open_dataset
 from dlrover_kfp.training.reference import ReferenceTrainer
 
 DATA = Path(__file__).resolve().parent.parent / "data"

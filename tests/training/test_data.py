@@ -19,11 +19,11 @@ from dlrover_kfp.training.data import (
     RowRange,
     SyntheticCriteo,
     index_lines,
-    open_dataset,
     parse_criteo_lines,
     split_ranges,
     token_value,
 )
+from dlrover_kfp.training.datasets import open_dataset
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SAMPLE = DATA / "criteo_sample.csv"  # comma separated, header, LF

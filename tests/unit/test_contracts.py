@@ -145,7 +145,7 @@ def _with(path: str, value: object) -> dict[str, object]:
         (_with("resources.workers.count", -1), "resources.workers.count: input should be greater"),
         (_with("resources.ps.memory", "8 gigs"), "resources.ps.memory: '8 gigs' is not a memory"),
         (_with("name", "Bad_Name"), "name: string should match pattern"),
-        (_with("data.format", "parquet"), "data: input tag 'parquet'"),
+        (_with("data.format", "orc"), "data: input tag 'orc'"),
         (_with("model.bottom_mlp", [64, 8]), "model.bottom_mlp: last layer 8 must equal"),
         (
             _with("resources.limits", {"cpu": 0.5, "memory": "64Gi"}),

@@ -14,7 +14,8 @@ import yaml
 from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.spec import CriteoData, JobSpec
 from dlrover_kfp.planning import check_plan
-from dlrover_kfp.training.data import RowRange, open_dataset
+from dlrover_kfp.training.data import RowRange
+from dlrover_kfp.training.datasets import open_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 CRITEO_SAMPLE = ROOT / "tests" / "data" / "criteo_sample.csv"

@@ -137,7 +137,7 @@ def test_a_data_file_rewritten_in_place_is_another_input(tmp_path: Path) -> None
     from dlrover_kfp.core.documents import parse  # noqa: PLC0415
     from dlrover_kfp.core.spec import JobSpec  # noqa: PLC0415
     from dlrover_kfp.runtime.rundir import run_inputs  # noqa: PLC0415
-    from dlrover_kfp.training.data import open_dataset  # noqa: PLC0415
+    from dlrover_kfp.training.datasets import open_dataset  # noqa: PLC0415
 
     data = tmp_path / "part-0.csv"
     source = Path(__file__).resolve().parents[1] / "data" / "criteo_sample.csv"
