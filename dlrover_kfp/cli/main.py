@@ -24,6 +24,7 @@ from dlrover_kfp.cli import (
     report_cmd,
     run_cmd,
     schema_cmd,
+    score_cmd,
     simulate_cmd,
 )
 from dlrover_kfp.errors import EXIT_TRANSIENT, EXIT_USER_ERROR, PermanentError, TransientError
@@ -33,6 +34,7 @@ _COMMANDS = (
     quickstart_cmd,
     plan_cmd,
     run_cmd,
+    score_cmd,
     cleanup_cmd,
     model_cmd,
     history_cmd,

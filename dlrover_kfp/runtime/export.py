@@ -3,7 +3,9 @@
 The final checkpoint is restored onto a single PS (the checkpoint re-partitions the rows), which
 lays every table's rows out in id order; with the dense vector of PS 0 that is the whole
 :class:`~dlrover_kfp.training.model.FullDLRM`. The model is saved as a ``state_dict``
-(``model.pt``) beside ``model.json`` (its shape, step and metrics), both written atomically.
+(``model.pt``) beside ``model.json`` (its shape, step and metrics) and an ONNX graph of the
+same model (``model.onnx``) that ``model.json`` describes for a scorer without this package,
+all written atomically.
 
 torch, the model and the metrics (scipy) are imported by the functions that use them: the master
 imports this module at start but evaluates only at the end of a run, and every ``dlrover-kfp``
@@ -27,7 +29,8 @@ from dlrover_kfp.core.profile import Metrics
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.training import checkpoint as ckpt
-from dlrover_kfp.training.data import RowRange, open_dataset
+from dlrover_kfp.training.data import RowRange
+from dlrover_kfp.training.datasets import open_dataset
 
 if TYPE_CHECKING:
     from dlrover_kfp.training.model import FullDLRM
@@ -106,7 +109,12 @@ def evaluate(model: FullDLRM, spec: JobSpec, base_dir: Path, ranges: Sequence[Ro
 
 
 def save_model(model: FullDLRM, spec: JobSpec, step: int, metrics: Metrics, out: Path) -> None:
+    """``model.pt`` (the state dict), ``model.onnx`` (the same model for onnxruntime, see
+    :mod:`~dlrover_kfp.training.onnx_model`) and, last, ``model.json``, which names both: a
+    reader that finds ``model.json`` finds the files it describes."""
     import torch  # noqa: PLC0415
+
+    from dlrover_kfp.training import onnx_model  # noqa: PLC0415
 
     out.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".model.pt.", dir=out)
@@ -116,12 +124,14 @@ def save_model(model: FullDLRM, spec: JobSpec, step: int, metrics: Metrics, out:
         os.replace(tmp, out / "model.pt")
     finally:
         Path(tmp).unlink(missing_ok=True)
+    onnx_files = onnx_model.save_onnx(onnx_model.dlrm_weights(model), out)
     description = {
         "format": "dlrover-kfp-dlrm/1",
         "model": to_dict(spec.model),
         "step": step,
         "metrics": to_dict(metrics),
         "state_dict": "model.pt (torch.load; keys dense.* and tables.N.weight)",
+        "onnx": onnx_model.describe(spec, onnx_files),
     }
     write_atomic(out / "model.json", json.dumps(description, indent=2) + "\n")
 

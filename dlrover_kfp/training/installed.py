@@ -19,14 +19,26 @@ from dlrover_kfp.errors import MissingExtraError
 TRAIN_EXTRA = "train"
 
 
-def require_trainer(what: str) -> None:
-    """Raise :class:`MissingExtraError` naming the ``train`` extra when torch is not
+#: The extra that installs the scorer (onnxruntime), for ``dlrover-kfp score``.
+SERVE_EXTRA = "serve"
+
+
+def require_modules(modules: tuple[str, ...], extra: str, what: str) -> None:
+    """Raise :class:`MissingExtraError` naming ``extra`` when one of ``modules`` is not
     installed; ``what`` is the thing that needs it, for the message."""
-    if importlib.util.find_spec("torch") is None:
-        raise MissingExtraError(
-            f"{what} needs torch, which is not installed here: "
-            f"pip install 'dlrover-kfp[{TRAIN_EXTRA}]'"
-        )
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            raise MissingExtraError(
+                f"{what} needs {module}, which is not installed here: "
+                f"pip install 'dlrover-kfp[{extra}]'"
+            )
 
 
-__all__ = ["TRAIN_EXTRA", "require_trainer"]
+def require_trainer(what: str) -> None:
+    """Raise :class:`MissingExtraError` naming the ``train`` extra when torch (the trainer) or
+    onnx (the model export at the run's end) is not installed; ``what`` is the thing that needs
+    it, for the message. Without onnx a run would train to the end and then fail to export."""
+    require_modules(("torch", "onnx"), TRAIN_EXTRA, what)
+
+
+__all__ = ["SERVE_EXTRA", "TRAIN_EXTRA", "require_modules", "require_trainer"]

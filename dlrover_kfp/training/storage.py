@@ -254,12 +254,7 @@ def resolve(
     ``key``.
     """
     protocol, stripped = _split(path)
-    if protocol not in _LOCAL and "@" in _authority(path):
-        raise UserInputError(
-            f"{key}: credentials do not belong in the URL {display(path)!r}; the object store's "
-            "credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-            "GOOGLE_APPLICATION_CREDENTIALS)"
-        )
+    check_url(path, key)
     local = protocol in _LOCAL
     looked_for = ""
     if local:
@@ -339,6 +334,39 @@ def _version(info: Mapping[str, Any]) -> str:
         if value:
             return str(value).strip('"')
     return ""
+
+
+def check_url(url: str, key: str) -> None:
+    """Refuse a URL that carries credentials (``s3://key:secret@bucket``), without repeating
+    them: they belong in the environment."""
+    if _split(url)[0] not in _LOCAL and "@" in _authority(url):
+        raise UserInputError(
+            f"{key}: credentials do not belong in the URL {display(url)!r}; the object store's "
+            "credentials come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+            "GOOGLE_APPLICATION_CREDENTIALS)"
+        )
+
+
+def is_local(url: str) -> bool:
+    """Whether ``url`` is a local path (or a ``file://`` URL) rather than an object store's."""
+    return _split(url)[0] in _LOCAL
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing
+# ------------------------------------------------------------------------------------------------
+
+
+def upload(local: str | os.PathLike[str], url: str, *, key: str = "--output") -> None:
+    """Put the local file ``local`` at ``url`` (an object store), in one PUT: an object store
+    replaces an object whole, so a reader sees the old object or the new one, never a part
+    (s3fs sends a multipart upload for a large file, which S3 also makes visible only at its
+    end). Errors as for reading (:func:`storage_errors`)."""
+    protocol, path = _split(url)
+    check_url(url, key)
+    fs = _filesystem(protocol, url)
+    with storage_errors(display(url)):
+        fs.put_file(os.fspath(local), fs._strip_protocol(path))
 
 
 # ------------------------------------------------------------------------------------------------
