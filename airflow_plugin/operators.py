@@ -11,6 +11,9 @@ and ``record`` do:
   path), ``report`` (the report's path, when drawn) and ``return_value`` (a summary).
 - :class:`RecordProfileOperator`: the profile into the history store. XCom ``return_value``:
   the run id.
+- :class:`PublishModelOperator`: the publish gate: the trained model to its published
+  location unless its held-out AUC is worse than the served one's (refused: the task is
+  skipped).
 
 Errors keep their retry meaning: a bad job spec or plan, a failed run, a history that is not
 one (:class:`~dlrover_kfp.errors.PermanentError`) fail the task without retries
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -41,8 +45,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from airflow.sdk import BaseOperator, conf
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from airflow_plugin.data import DataLocation, resolve_data_location
 from airflow_plugin.hooks import DEFAULT_CONN_ID, describe_history_url, resolve_history_url
 from airflow_plugin.links import REPORT_XCOM_KEY, RunReportLink
 from airflow_plugin.runs import (
@@ -54,6 +59,7 @@ from airflow_plugin.runs import (
     PROFILE_FILE,
     REPORT_FILE,
     default_output_dir,
+    runs_dir,
     task_dir,
 )
 from airflow_plugin.triggers import (
@@ -130,7 +136,53 @@ class _HistoryMixin:
         return url
 
 
-class PlanResourcesOperator(_HistoryMixin, BaseOperator):
+class _DataMixin:
+    """The data-location parameters of the plan and train operators (:mod:`airflow_plugin.data`)."""
+
+    data_path: str | None
+    data_conn_id: str | None
+    log: Any
+
+    def _data_location(self, loaded: LoadedSpec) -> tuple[LoadedSpec, DataLocation | None]:
+        """The spec with ``data_path`` for its data path, and the credentials to read it."""
+        from dlrover_kfp.steps.spec import with_data_path  # noqa: PLC0415 - as above
+
+        path = (self.data_path or "").strip()
+        conn_id = (self.data_conn_id or "").strip() or None
+        if not path and conn_id is None:
+            return loaded, None
+        if path:
+            data = resolve_data_location(path, conn_id)
+            loaded = with_data_path(loaded, data.url, "data_path")
+        else:
+            spec_path = getattr(loaded.spec.data, "path", None)
+            if spec_path is None:
+                raise UserInputError(
+                    f"data_conn_id: {conn_id!r} given, but the job spec's data is synthetic "
+                    "(it reads no files)"
+                )
+            data = resolve_data_location(spec_path, conn_id)
+        self.log.info("data: %s", data.describe())
+        return loaded, data
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` in this process's environment while the block runs (the plan reads the
+    data's metadata here, with the connection's credentials), then as they were."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class PlanResourcesOperator(_DataMixin, _HistoryMixin, BaseOperator):
     """Stage 1's resource plan for a job: a warm start from similar runs in the history, else
     the spec's own resources (a cold start). Reads the history, writes nothing.
 
@@ -140,11 +192,21 @@ class PlanResourcesOperator(_HistoryMixin, BaseOperator):
     :param history_conn_id: the connection of the history store, used when it is configured.
     :param history_url: a SQLAlchemy URL or SQLite path that overrides the connection
         (templated).
+    :param data_path: the data the run will train on, as the train operator's (templated):
+        the plan sizes it (a Parquet file's footer states its rows).
+    :param data_conn_id: as the train operator's (templated); its credentials are this task's
+        environment while it reads the data's metadata.
 
     XCom ``return_value``: the plan (``dlrover-kfp schema plan``) as a dict.
     """
 
-    template_fields: Sequence[str] = ("job_spec", "backend", "history_url")
+    template_fields: Sequence[str] = (
+        "job_spec",
+        "backend",
+        "history_url",
+        "data_path",
+        "data_conn_id",
+    )
     ui_color = "#e8f0fe"
 
     def __init__(
@@ -154,6 +216,8 @@ class PlanResourcesOperator(_HistoryMixin, BaseOperator):
         backend: str = "local",
         history_conn_id: str | None = DEFAULT_CONN_ID,
         history_url: str | None = None,
+        data_path: str | None = None,
+        data_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -161,13 +225,23 @@ class PlanResourcesOperator(_HistoryMixin, BaseOperator):
         self.backend = backend
         self.history_conn_id = history_conn_id
         self.history_url = history_url
+        self.data_path = data_path
+        self.data_conn_id = data_conn_id
 
     def execute(self, context: Context) -> dict[str, Any]:
         from dlrover_kfp.steps.plan import plan_step  # noqa: PLC0415 - scipy: not at parse time
+        from dlrover_kfp.steps.spec import load_job_spec  # noqa: PLC0415 - as above
 
         with task_errors():
+            _, data = self._data_location(load_job_spec(self.job_spec))
             url = self._history(self.log)
-            result = plan_step(self.job_spec, url, self.backend)
+            with _environment(data.environment if data is not None else {}):
+                result = plan_step(
+                    self.job_spec,
+                    url,
+                    self.backend,
+                    data_path=data.url if data is not None and self.data_path else "",
+                )
         self.log.info("%s", result.markdown)
         return to_dict(result.plan)
 
@@ -213,7 +287,7 @@ class RecordProfileOperator(_HistoryMixin, BaseOperator):
         return result.run_id
 
 
-class ElasticTrainOperator(_HistoryMixin, BaseOperator):
+class ElasticTrainOperator(_DataMixin, _HistoryMixin, BaseOperator):
     """Train a job elastically to the end, from a plan, without holding a worker slot.
 
     The operator validates the job spec and the plan (a bad one fails the task, nothing is
@@ -245,6 +319,14 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         ``[operators] default_deferrable`` (False unless configured), as Airflow's providers do.
     :param checkpoint_interval: seconds between the run's flash checkpoints.
     :param sample_interval: seconds between its runtime samples.
+    :param data_path: where the run reads its data, replacing the job spec's ``data.path``
+        (templated: ``s3://clicks/{{ ds }}/`` for each day's partition): a path or glob, a
+        directory of files, or an object-storage URL; ``s3://CONN_ID@bucket/...`` names the
+        Airflow connection of its credentials, as ``ObjectStoragePath`` does
+        (:mod:`airflow_plugin.data`). The spec's data format must read files (not synthetic).
+    :param data_conn_id: an ``aws`` connection whose credentials read the data (templated);
+        they become the job master's ``AWS_*`` environment (local backend only), never part of
+        the spec or a log line.
     :param kubernetes: with ``backend="kubernetes"``: ``namespace``, ``image`` (the project's,
         fully qualified) and ``claim`` (a ReadWriteMany PersistentVolumeClaim the master and its
         pods mount at ``mount_path``, default /var/lib/dlrover-kfp) are required;
@@ -252,7 +334,15 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         (default 1 / 1Gi), ``kubeconfig`` / ``context`` (the operator's own API access).
     """
 
-    template_fields: Sequence[str] = ("job_spec", "plan", "output_dir", "backend", "history_url")
+    template_fields: Sequence[str] = (
+        "job_spec",
+        "plan",
+        "output_dir",
+        "backend",
+        "history_url",
+        "data_path",
+        "data_conn_id",
+    )
     operator_extra_links = (RunReportLink(),)
     ui_color = "#fef7e0"
 
@@ -271,6 +361,8 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         checkpoint_interval: float = 60.0,
         sample_interval: float = 2.0,
         kubernetes: Mapping[str, str] | None = None,
+        data_path: str | None = None,
+        data_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -294,6 +386,8 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         self.checkpoint_interval = checkpoint_interval
         self.sample_interval = sample_interval
         self.kubernetes = dict(kubernetes or {})
+        self.data_path = data_path
+        self.data_conn_id = data_conn_id
         #: the run report's path, once written (RunReportLink reads it)
         self.report_path: str | None = None
         self._trigger: ElasticTrainTrigger | KubernetesTrainTrigger | None = None
@@ -303,6 +397,13 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         with task_errors():
             loaded, plan = self._validated()
+            loaded, data = self._data_location(loaded)
+            if data is not None and data.environment and self.backend == "kubernetes":
+                raise UserInputError(
+                    f"data_conn_id: {data.conn_id!r}: a connection's credentials reach the job "
+                    "master's processes only with backend local; give a Kubernetes run's pods "
+                    "theirs through their service account (an IAM role) or its environment"
+                )
             url = self._history(self.log)
         if self.backend == "kubernetes":
             with task_errors():
@@ -315,7 +416,8 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
             spec_path, plan_path = self._write_inputs(run_dir, loaded, plan)
             run_id = task_run_id(context, loaded.spec.name)
             self.log.info("run id: %s (the same for every attempt of this task)", run_id)
-            trigger = self._submit(run_dir, spec_path, plan_path, url, run_id)
+            env = data.environment if data is not None else {}
+            trigger = self._submit(run_dir, spec_path, plan_path, url, run_id, env)
         return self._wait(context, trigger)
 
     def _wait(
@@ -468,10 +570,19 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         return command
 
     def _submit(
-        self, run_dir: Path, spec_path: Path, plan_path: Path | None, url: str, run_id: str
+        self,
+        run_dir: Path,
+        spec_path: Path,
+        plan_path: Path | None,
+        url: str,
+        run_id: str,
+        data_env: Mapping[str, str] | None = None,
     ) -> ElasticTrainTrigger:
+        """Start the job master. Its environment carries the secrets, never its command line:
+        the history URL, and the data's credentials (``data_env``), which its pods inherit."""
         command = self.master_command(run_dir, spec_path, plan_path, run_id)
         env = dict(os.environ)
+        env.update(data_env or {})
         env[ENV_VAR] = url
         log_path = run_dir / MASTER_LOG
         with log_path.open("ab") as log_file:
@@ -563,6 +674,11 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
         # The document, not only its path: the record task may run on another worker.
         ti.xcom_push(key="profile", value=to_dict(profile))
         ti.xcom_push(key="profile_path", value=str(profile_path))
+        model_dir = profile_path.parent / "model"
+        if event.get("backend") != "kubernetes" and model_dir.is_dir():
+            # the trained model on this worker's disk, for PublishModelOperator (a Kubernetes
+            # run's model is on the run's volume, which the worker does not mount)
+            ti.xcom_push(key="model", value=str(model_dir))
         report = self._write_report(profile, profile_path.parent / REPORT_FILE)
         if report is not None:
             ti.xcom_push(key=REPORT_XCOM_KEY, value=str(report))
@@ -634,6 +750,68 @@ class ElasticTrainOperator(_HistoryMixin, BaseOperator):
                 self.log.info("sent SIGTERM to job master %d", trigger.pid)
 
 
+class PublishModelOperator(BaseOperator):
+    """The publish gate: copy a trained model to where it is served, only when its held-out
+    AUC is at least the served model's less ``max_auc_drop``
+    (:func:`dlrover_kfp.steps.publish.publish_step`: ``published/versions/<name>/``, then
+    ``published/CURRENT`` names it; a reader never sees half a model). The first model with an
+    AUC is published; a model without one (no held-out rows) is not.
+
+    A refused model skips the task (``AirflowSkipException`` with the reason: the task shows
+    "skipped" and the served model stays); bad input (no ``model.json``, a location that is not
+    a directory) fails it without retries.
+
+    :param model: the trained model's directory: the train task's XCom ``model``
+        (``train.output["model"]``), or a path on this worker (templated).
+    :param published: the directory models are published to (templated; a path, a mounted
+        volume or a ``file://`` URL); default ``published/<dag_id>`` in the runs directory.
+    :param max_auc_drop: how far below the served model's AUC a new model may be (default
+        0.005; templated: a number or its text).
+
+    XComs: ``decision`` (published, reason, both AUCs, the served version), also when refused;
+    ``return_value``: the version published.
+    """
+
+    template_fields: Sequence[str] = ("model", "published", "max_auc_drop")
+    ui_color = "#f3e8fd"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        published: str | None = None,
+        max_auc_drop: float | str = 0.005,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.model = model
+        self.published = published
+        self.max_auc_drop = max_auc_drop
+
+    def execute(self, context: Context) -> str | None:
+        from dlrover_kfp.steps.publish import publish_step  # noqa: PLC0415 - as above
+
+        published = self.published or str(runs_dir() / "published" / self.dag_id)
+        with task_errors():
+            if not self.model:
+                raise UserInputError(
+                    f"model: {self.model!r}; give the trained model's directory (the train "
+                    "task's XCom 'model', which a local-backend run pushes)"
+                )
+            try:
+                drop = float(self.max_auc_drop)
+            except (TypeError, ValueError):
+                raise UserInputError(
+                    f"max_auc_drop: {self.max_auc_drop!r}; expected a number"
+                ) from None
+            decision = publish_step(self.model, published, max_auc_drop=drop)
+        context["ti"].xcom_push(key="decision", value=dataclasses.asdict(decision))
+        self.log.info("publish gate (%s): %s", decision.location, decision.reason)
+        if not decision.published:
+            raise AirflowSkipException(decision.reason)
+        return decision.version
+
+
 def task_run_id(context: Context, job_name: str) -> str:
     """The run id of this task's logical run (:func:`dlrover_kfp.steps.run_ids.stable_run_id`):
     the DAG id, the logical date (a run without one: its DAG run id), the task id and its map
@@ -669,6 +847,7 @@ def _summary(profile: JobProfile, profile_path: Path, report: Path | None) -> di
 __all__ = [
     "ElasticTrainOperator",
     "PlanResourcesOperator",
+    "PublishModelOperator",
     "RecordProfileOperator",
     "task_errors",
     "task_run_id",

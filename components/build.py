@@ -22,6 +22,8 @@ def targets(built: Components) -> dict[str, Any]:
         "elastic_train.yaml": built.elastic_train,
         "record_profile.yaml": built.record_profile,
         "elastic_dlrm_pipeline.yaml": built.elastic_dlrm_pipeline,
+        "prepare_example_data.yaml": built.prepare_example_data,
+        "publish_model.yaml": built.publish_model,
     }
 
 

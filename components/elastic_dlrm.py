@@ -1,4 +1,6 @@
-"""The Kubeflow Pipelines components and the pipeline: plan -> train -> record.
+"""The Kubeflow Pipelines components and the pipeline: plan -> train -> record; beside them
+``prepare_example_data`` (example rows as a Parquet Dataset, for elastic_train's ``data``) and
+``publish_model`` (the publish gate), which examples/kfp/pipeline.py wires around them.
 
 The components' bodies are :mod:`components.bodies`; :func:`build` makes them components of
 one image (``base_image``; :mod:`dlrover_kfp.steps.image` says which and why it must be fully
@@ -147,12 +149,14 @@ def as_deployed(
 
 
 class Components(NamedTuple):
-    """The three components and the pipeline, of one image."""
+    """The components and the pipeline, of one image."""
 
     plan_resources: Any
     elastic_train: Any
     record_profile: Any
     elastic_dlrm_pipeline: Any
+    prepare_example_data: Any
+    publish_model: Any
 
 
 def build(image: str = IMAGE) -> Components:
@@ -162,6 +166,8 @@ def build(image: str = IMAGE) -> Components:
     plan_resources = make(bodies.plan_resources)
     elastic_train = make(bodies.elastic_train)
     record_profile = make(bodies.record_profile)
+    prepare_example_data = make(bodies.prepare_example_data)
+    publish_model = make(bodies.publish_model)
 
     @dsl.pipeline(
         name="elastic-dlrm",
@@ -207,10 +213,24 @@ def build(image: str = IMAGE) -> Components:
             train_memory=train_memory,
         )
 
-    return Components(plan_resources, elastic_train, record_profile, elastic_dlrm_pipeline)
+    return Components(
+        plan_resources,
+        elastic_train,
+        record_profile,
+        elastic_dlrm_pipeline,
+        prepare_example_data,
+        publish_model,
+    )
 
 
-plan_resources, elastic_train, record_profile, elastic_dlrm_pipeline = build()
+(
+    plan_resources,
+    elastic_train,
+    record_profile,
+    elastic_dlrm_pipeline,
+    prepare_example_data,
+    publish_model,
+) = build()
 
 
 __all__ = [
@@ -231,6 +251,8 @@ __all__ = [
     "elastic_dlrm_pipeline",
     "elastic_train",
     "plan_resources",
+    "prepare_example_data",
+    "publish_model",
     "record_profile",
     "use_history_secret",
     "with_resources",

@@ -9,6 +9,7 @@ history store; a temporary failure (a locked or unreachable history) exits 75.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import shutil
@@ -30,10 +31,16 @@ from dlrover_kfp.errors import (
     UserInputError,
 )
 from dlrover_kfp.files import write_atomic
-from dlrover_kfp.steps.documents import JobProfile, to_json
+from dlrover_kfp.steps.documents import JobProfile, standalone_spec_yaml, to_json
 from dlrover_kfp.steps.plan import plan_step
+from dlrover_kfp.steps.publish import PublishDecision, publish_step
 from dlrover_kfp.steps.record import read_profile, record_step
-from dlrover_kfp.steps.spec import TrainingFailedError, load_job_spec, refuse_password_parameter
+from dlrover_kfp.steps.spec import (
+    TrainingFailedError,
+    load_job_spec,
+    refuse_password_parameter,
+    with_data_path,
+)
 
 if TYPE_CHECKING:
     from dlrover_kfp.steps.train import KubeOptions, OrchestratedRun
@@ -105,11 +112,14 @@ def plan_resources(
     kfp_run_id: str,
     plan_path: str,
     report_path: str,
+    *,
+    data_path: str = "",
 ) -> PlanOutput:
-    """Stage 1's plan as a JSON document at ``plan_path``, Markdown at ``report_path``."""
+    """Stage 1's plan as a JSON document at ``plan_path``, Markdown at ``report_path``;
+    ``data_path`` as for :func:`elastic_train`."""
     with _task_errors():
         _check_parameters(history_url, kfp_run_id)
-        result = plan_step(job_spec, history_url, backend)
+        result = plan_step(job_spec, history_url, backend, data_path=data_path)
         write_atomic(plan_path, to_json(result.plan) + "\n")
         write_atomic(report_path, result.markdown)
     print(f"{result.spec.name}: {result.plan.stage.value} plan: {result.plan.reason}")
@@ -140,9 +150,12 @@ def elastic_train(
     model_path: str,
     profile_path: str,
     report_path: str,
+    *,
+    data_path: str = "",
 ) -> TrainOutput:
     """Train from the plan at ``plan_path``; the model directory to ``model_path``, the
-    profile JSON to ``profile_path``, the HTML report to ``report_path``.
+    profile JSON to ``profile_path``, the HTML report to ``report_path``. ``data_path``
+    (:func:`data_location` of a Dataset input), when given, replaces the spec's data path.
 
     The run's id derives from the KFP run and task (:func:`~dlrover_kfp.steps.train.
     orchestrated_run`): a retry, or the record step, lands on the same run of the history.
@@ -159,6 +172,10 @@ def elastic_train(
         refuse_password_parameter(history_url)
         keys = kfp.keys()  # resolved placeholders, or exit 2
         loaded = load_job_spec(job_spec)  # validate before anything runs
+        if data_path:
+            loaded = with_data_path(loaded, data_path)
+            job_spec = standalone_spec_yaml(loaded)
+            print(f"{loaded.spec.name}: data from the Dataset input {data_path}", flush=True)
         plan = read_plan(plan_path)
         with _run_dir(loaded.spec.name, keys, backend, claim) as (run, kube):
             result = train_step(
@@ -176,6 +193,27 @@ def elastic_train(
                 progress=_log,
             )
             return _publish(result.profile, result.model_dir, model_path, profile_path, report_path)
+
+
+#: Artifact URI schemes the pods of a Kubernetes run read themselves (KFP's own MinIO is S3).
+_POD_SCHEMES = {"s3": "s3", "gs": "gs", "minio": "s3"}
+
+
+def data_location(path: str, uri: str, backend: str) -> str:
+    """Where the job reads a Dataset input. The local backend's processes share this pod's
+    disk: the artifact's local copy (``path``, a file or a directory). A Kubernetes run's
+    worker pods do not: they read the artifact where KFP stored it (``uri``), through the
+    object-storage layer, with credentials from their environment; KFP's default store,
+    ``minio://bucket/key``, is an S3 API, read as ``s3://bucket/key``."""
+    if backend != "kubernetes":
+        return path
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme not in _POD_SCHEMES:
+        raise UserInputError(
+            f"data: the Dataset's URI {uri!r} is not object storage the job's pods can read "
+            f"({', '.join(s + '://' for s in _POD_SCHEMES)}); set the pipeline root to one"
+        )
+    return f"{_POD_SCHEMES[scheme]}://{rest}"
 
 
 @contextmanager
@@ -245,6 +283,31 @@ def _publish(
     )
 
 
+# ---- prepare_example_data, publish_model ----------------------------------------------------
+
+
+def prepare_example_data(job_spec: str, data_path: str, rows: int, seed: int) -> list[str]:
+    """Example rows for the job's model as Parquet files in the directory ``data_path``."""
+    from dlrover_kfp.steps.example_data import write_example_parquet  # noqa: PLC0415 (pyarrow)
+
+    with _task_errors():
+        written = write_example_parquet(job_spec, data_path, rows=rows, seed=seed)
+    print(f"wrote {rows} example rows into {len(written)} Parquet files in {data_path}")
+    return [Path(p).name for p in written]
+
+
+def publish_model(
+    model_path: str, published: str, max_auc_drop: float, decision_path: str
+) -> PublishDecision:
+    """The publish gate on the model directory ``model_path``; the decision as JSON to
+    ``decision_path``. A refusal is logged, and the task succeeds."""
+    with _task_errors():
+        decision = publish_step(model_path, published, max_auc_drop=max_auc_drop)
+        write_atomic(decision_path, json.dumps(dataclasses.asdict(decision), indent=2) + "\n")
+    print(f"publish gate: {decision.reason}", flush=True)
+    return decision
+
+
 # ---- record_profile --------------------------------------------------------------------------
 
 
@@ -267,4 +330,5 @@ def record_profile(
 
 
 __all__ = ["KfpRun", "PlanOutput", "RecordOutput", "TrainOutput", "check_kfp_value",
-           "elastic_train", "plan_resources", "record_profile"]  # fmt: skip
+           "data_location", "elastic_train", "plan_resources", "prepare_example_data",
+           "publish_model", "record_profile"]  # fmt: skip

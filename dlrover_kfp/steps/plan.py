@@ -7,7 +7,12 @@ from dataclasses import dataclass
 from dlrover_kfp.core.plan import ResourcePlan
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.planning import plan_start, with_data_rows
-from dlrover_kfp.steps.spec import history_url_or_default, load_job_spec, planner_for
+from dlrover_kfp.steps.spec import (
+    history_url_or_default,
+    load_job_spec,
+    planner_for,
+    with_data_path,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,11 +24,17 @@ class PlanStepResult:
 
 
 def plan_step(
-    job_spec: str, history_url: str | None = None, backend: str = "kubernetes"
+    job_spec: str,
+    history_url: str | None = None,
+    backend: str = "kubernetes",
+    *,
+    data_path: str = "",
 ) -> PlanStepResult:
     """Stage 1's plan for ``job_spec`` from the history at ``history_url`` (the default store
-    when empty), with ``backend``'s planner settings. Reads the history; writes nothing."""
-    loaded = load_job_spec(job_spec)
+    when empty), with ``backend``'s planner settings. Reads the history; writes nothing.
+    ``data_path`` (a pipeline's data location) replaces the spec's, as for the train step
+    (:func:`~dlrover_kfp.steps.spec.with_data_path`): the plan sizes the data the run trains."""
+    loaded = with_data_path(load_job_spec(job_spec), data_path)
     settings = planner_for(backend)
     spec = with_data_rows(loaded.spec, loaded.base_dir)
     plan, _ = plan_start(spec, history_url_or_default(history_url), settings)

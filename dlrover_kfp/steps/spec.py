@@ -3,6 +3,7 @@ the backend's planner settings."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ from typing import Final
 
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.planner import PlannerSettings
-from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.core.spec import JobSpec, SyntheticData
 from dlrover_kfp.errors import PermanentError, UserInputError
 from dlrover_kfp.files import read_document
 from dlrover_kfp.history import ENV_VAR, mask_url_text, resolve_history_url
@@ -61,6 +62,31 @@ def load_spec_file(path: Path) -> LoadedSpec:
     """
     spec = read_document(JobSpec, path)
     return LoadedSpec(spec, path.resolve().parent, str(path))
+
+
+def with_data_path(loaded: LoadedSpec, path: str, source: str = "data") -> LoadedSpec:
+    """The job spec reading its data from ``path`` (a pipeline's data artifact, a templated
+    location such as ``s3://clicks/{{ ds }}/``) instead of its own ``data.path``; an empty
+    ``path`` changes nothing.
+
+    The spec's ``data.rows`` described the data at its own path, so it is dropped: the rows
+    are counted from the new files (their metadata). A relative local path is relative to the
+    working directory of the task that gives it. Synthetic data has no path to replace, so
+    a location given for it is refused rather than silently not read.
+    """
+    text = path.strip()
+    if not text:
+        return loaded
+    spec = loaded.spec
+    if isinstance(spec.data, SyntheticData):
+        raise UserInputError(
+            f"{source}: {text!r} given, but the job spec's data is synthetic (data.format "
+            "synthetic reads no files); use data.format parquet, csv, tsv or criteo"
+        )
+    if "://" not in text:
+        text = os.path.abspath(os.path.expanduser(text))  # the task's, not the spec file's
+    data = dataclasses.replace(spec.data, path=text, rows=None)
+    return dataclasses.replace(loaded, spec=dataclasses.replace(spec, data=data))
 
 
 def history_url_or_default(url: str | None, environ: Mapping[str, str] = os.environ) -> str:
@@ -118,4 +144,5 @@ __all__ = [
     "load_spec_file",
     "planner_for",
     "refuse_password_parameter",
+    "with_data_path",
 ]

@@ -1,4 +1,4 @@
-"""Daily retraining of a DLRM with dlrover-kfp: plan -> train -> record.
+"""Daily retraining of a DLRM with dlrover-kfp: plan -> train -> record -> publish.
 
 Every day the job is planned from the history of its earlier runs (Stage 1: the first run
 starts from the spec's own resources, later ones warm-start from what earlier runs used),
@@ -11,6 +11,18 @@ Parameters (trigger the DAG with a configuration to change them):
   below (the same as ``examples/jobs/small.yaml``; under a minute on 2 cores), written into
   this file so that the DAG works wherever it is copied.
 - ``backend``: ``local`` (the job's PS and workers are processes of the worker's machine).
+- ``data_root``: the root of the daily partitions (empty: the job spec's own ``data.path``).
+  Each run reads ``<data_root>/dt=<its logical date>/`` (the train task's templated
+  ``data_path``), every Parquet (or CSV) file in it; ``s3://aws_default@clicks`` reads the
+  bucket ``clicks`` with the credentials of the Airflow connection ``aws_default`` (an ``aws``
+  connection: ``docs/airflow.md``). The job spec's data format must then read files (parquet,
+  csv, tsv or criteo).
+- ``published``: the directory the model is published to (empty: ``published/<dag id>`` in
+  the runs directory), and ``max_auc_drop``: the publish gate's tolerance.
+
+The publish task copies the trained model there only when its held-out AUC is at least the
+published model's less ``max_auc_drop``; a worse model is refused and the task is *skipped*
+(the published model stays). Each run is recorded either way.
 
 The history store: the Airflow connection ``dlrover_kfp_history`` when one is configured
 (``docs/airflow.md``), else ``$DLROVER_KFP_HISTORY_URL``, else a SQLite file in the user data
@@ -30,6 +42,7 @@ from airflow.sdk import DAG, Param
 from airflow_plugin.operators import (
     ElasticTrainOperator,
     PlanResourcesOperator,
+    PublishModelOperator,
     RecordProfileOperator,
 )
 
@@ -54,6 +67,10 @@ resources:
 elastic: {min_workers: 1, max_workers: 2, max_ps: 2}
 """
 
+#: Each run's data: its day's partition, e.g. s3://aws_default@clicks/dt=2026-11-20/ (empty
+#: without a data_root: the job spec's own data.path).
+DATA_PATH = "{{ params.data_root ~ '/dt=' ~ ds ~ '/' if params.data_root else '' }}"
+
 #: The history store's connection, used when it is configured.
 HISTORY_CONN_ID = "dlrover_kfp_history"
 
@@ -73,6 +90,18 @@ with DAG(
             description="a path to a job spec (YAML or JSON), or the YAML document itself",
         ),
         "backend": Param("local", type="string", enum=["local"], description="where pods run"),
+        "data_root": Param(
+            "",
+            type="string",
+            description="the root of the daily partitions <data_root>/dt=<date>/ (a directory "
+            "or s3://CONN_ID@bucket/prefix); empty: the job spec's data.path",
+        ),
+        "published": Param(
+            "", type="string", description="where models are published; empty: the default"
+        ),
+        "max_auc_drop": Param(
+            0.005, type="number", minimum=0, maximum=1, description="the gate's AUC tolerance"
+        ),
     },
     default_args={"retries": 2, "retry_delay": timedelta(minutes=2)},
     tags=["dlrover-kfp", "dlrm"],
@@ -82,6 +111,7 @@ with DAG(
         task_id="plan",
         job_spec="{{ params.job_spec }}",
         backend="{{ params.backend }}",
+        data_path=DATA_PATH,  # the plan sizes the data the run trains on
         history_conn_id=HISTORY_CONN_ID,
     )
     train = ElasticTrainOperator(
@@ -89,6 +119,7 @@ with DAG(
         job_spec="{{ params.job_spec }}",
         plan=plan.output,
         backend="{{ params.backend }}",
+        data_path=DATA_PATH,
         history_conn_id=HISTORY_CONN_ID,
         poll_interval=2.0,
         timeout=6 * 3600,
@@ -101,4 +132,10 @@ with DAG(
         profile=train.output["profile"],
         history_conn_id=HISTORY_CONN_ID,
     )
-    train >> record
+    publish = PublishModelOperator(
+        task_id="publish",
+        model=train.output["model"],
+        published="{{ params.published }}",
+        max_auc_drop="{{ params.max_auc_drop }}",
+    )
+    train >> record >> publish

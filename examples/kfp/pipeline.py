@@ -1,4 +1,5 @@
-"""Daily DLRM retraining on Kubeflow Pipelines, from dlrover-kfp's components.
+"""Daily DLRM retraining on Kubeflow Pipelines, from dlrover-kfp's components:
+prepare data -> plan -> train (on that data) -> record -> publish (the gate).
 
 Compile it (no cluster needed), then upload the YAML in the KFP UI, or submit it:
 
@@ -19,38 +20,69 @@ account of deploy/rbac.yaml (``--service-account``, default ``dlrover-kfp``) and
 ReadWriteMany claim the job's pods share (``claim``, default ``dlrover-kfp-runs``). Schedule it
 daily with a recurring run in the KFP UI, or with ``kfp.Client().create_recurring_run(...,
 cron_expression="0 0 2 * * *")``: each run warm-starts from the profiles of the runs before it.
+
+The data: ``prepare_example_data`` stands in for your own preparation step (replace it with any
+component that has a ``Dataset`` output: a file or a directory of Parquet/CSV files); its
+Dataset replaces the job spec's ``data.path``, so the spec's data format must be parquet (csv,
+tsv or criteo for such files). The model: ``publish_model`` copies it to ``published`` (default:
+a directory on the claim) only when its held-out AUC, which the train step measured into
+``model.json``, is at least the published model's less ``max_auc_drop``; the task's output is
+``published`` or ``refused``. ``backend=local`` runs the job's pods as processes of the train
+task (``kfp.local``: tests/kfp/test_example_pipeline.py).
 """
 
 import argparse
 from pathlib import Path
 
-from kfp import compiler, dsl
+from kfp import compiler, dsl, kubernetes
 from kfp.components import load_component_from_file
 
-from components.elastic_dlrm import DEFAULT_HISTORY_SECRET, as_deployed
+from components.elastic_dlrm import (
+    DEFAULT_HISTORY_SECRET,
+    STEP_RESOURCES,
+    as_deployed,
+    with_resources,
+)
+from dlrover_kfp.steps.train import DEFAULT_MOUNT_PATH
 
 COMPONENTS = Path(__file__).resolve().parents[2] / "components"
 
 plan_resources = load_component_from_file(str(COMPONENTS / "plan_resources.yaml"))
 elastic_train = load_component_from_file(str(COMPONENTS / "elastic_train.yaml"))
 record_profile = load_component_from_file(str(COMPONENTS / "record_profile.yaml"))
+prepare_example_data = load_component_from_file(str(COMPONENTS / "prepare_example_data.yaml"))
+publish_model = load_component_from_file(str(COMPONENTS / "publish_model.yaml"))
+
+#: Where models are published by default: a directory on the claim the run's pods share.
+DEFAULT_PUBLISHED = f"{DEFAULT_MOUNT_PATH}/published/dlrm"
 
 
 @dsl.pipeline(
     name="dlrm-daily-retraining",
-    description="Plan from the history, train elastic on Kubernetes, record the profile.",
+    description="Prepare the day's data, plan from the history, train elastic on it, record "
+    "the profile, and publish the model unless its held-out AUC is worse than the published one.",
 )
 def dlrm_daily_retraining(
     job_spec: str,
     claim: str = "dlrover-kfp-runs",
     history_secret: str = DEFAULT_HISTORY_SECRET,
+    backend: str = "kubernetes",
+    example_rows: int = 20000,
+    published: str = DEFAULT_PUBLISHED,
+    max_auc_drop: float = 0.005,
 ) -> None:
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-    planned = plan_resources(job_spec=job_spec, backend="kubernetes", kfp_run_id=run_id)
+    # a stand-in for the user's own data preparation: any component with a Dataset output
+    prepared = prepare_example_data(job_spec=job_spec, rows=example_rows)
+    with_resources(prepared, STEP_RESOURCES)
+    planned = plan_resources(
+        job_spec=job_spec, data=prepared.outputs["data"], backend=backend, kfp_run_id=run_id
+    )
     trained = elastic_train(
         job_spec=job_spec,
         plan=planned.outputs["plan"],
-        backend="kubernetes",
+        data=prepared.outputs["data"],  # replaces the spec's data.path
+        backend=backend,
         claim=claim,
         kfp_run_id=run_id,
         kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
@@ -59,6 +91,14 @@ def dlrm_daily_retraining(
     # the Secret, caching off, resources, train's retry, and train as the job master: its pod
     # IP, name and uid, the claim its pods share, its image for them (kfp-kubernetes)
     as_deployed(planned, trained, recorded, claim=claim, history_secret=history_secret)
+    # the gate: the held-out AUC the train step measured, against the published model's
+    gate = publish_model(
+        model=trained.outputs["model"], published=published, max_auc_drop=max_auc_drop
+    )
+    gate.after(recorded)  # a run is recorded whether or not its model is published
+    gate.set_caching_options(enable_caching=False)
+    with_resources(gate, STEP_RESOURCES)
+    kubernetes.mount_pvc(gate, pvc_name=claim, mount_path=DEFAULT_MOUNT_PATH)
 
 
 def main() -> None:

@@ -3,9 +3,9 @@
 Airflow reads its configuration when it is first imported, so the test starts this script
 with the environment set up (AIRFLOW_HOME, the DAGs folder, the metadata database, the history
 URL, the runs directory) after ``airflow db migrate``. It runs the DAG once per
-``--run DATE=SPEC_FILE`` in order, each with ``{"job_spec": <the file's text>}`` as the run's
-configuration, and prints, as the last line of stdout, one JSON object per run: the DAG run's
-state, each task's state and the XComs the test checks.
+``--run DATE=SPEC_FILE`` in order, each with ``{"job_spec": <the file's text>}`` (and every
+``--conf KEY=VALUE``) as the run's configuration, and prints, as the last line of stdout, one
+JSON object per run: the DAG run's state, each task's state and the XComs the test checks.
 
 With ``--connection-from-run N`` the history connection ``dlrover_kfp_history`` is configured
 (as an ``AIRFLOW_CONN_*`` variable pointing at ``$DLROVER_KFP_HISTORY_URL``'s file) from the
@@ -28,7 +28,7 @@ from airflow.models.xcom import XComModel
 from airflow.utils.session import create_session
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "airflow" / "dlrm_daily_retraining.py"
-TASKS = ("plan", "train", "record")
+TASKS = ("plan", "train", "record", "publish")
 XCOMS = (
     ("plan", "return_value"),
     ("train", "run_id"),
@@ -37,6 +37,9 @@ XCOMS = (
     ("train", "report"),
     ("train", "_link_RunReportLink"),
     ("record", "return_value"),
+    ("train", "model"),
+    ("publish", "decision"),
+    ("publish", "return_value"),
 )
 
 
@@ -66,6 +69,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--run", action="append", required=True, metavar="DATE=SPEC_FILE")
     parser.add_argument("--connection-from-run", type=int, default=0)
+    parser.add_argument(
+        "--conf", action="append", default=[], metavar="KEY=VALUE", help="a param of every run"
+    )
     args = parser.parse_args()
     dag = _load_dag()
     history_url = os.environ["DLROVER_KFP_HISTORY_URL"]
@@ -80,7 +86,8 @@ def main() -> int:
         logical = datetime.fromisoformat(date).replace(tzinfo=UTC)
         job_spec = Path(spec_file).read_text(encoding="utf-8")
         print(f"=== dag.test {date}", file=sys.stderr, flush=True)
-        run = dag.test(logical_date=logical, run_conf={"job_spec": job_spec})
+        conf = dict(item.split("=", 1) for item in args.conf)
+        run = dag.test(logical_date=logical, run_conf={"job_spec": job_spec, **conf})
         states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
         results.append(
             {"date": date, "state": str(run.state), "tasks": states, "xcom": _xcoms(run.run_id)}

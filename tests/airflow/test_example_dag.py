@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -79,7 +80,9 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
     log = child.stdout + child.stderr
     assert child.returncode == 0, log[-6000:]
     first, second, bad, again = json.loads(child.stdout.strip().splitlines()[-1])
-    ok = {"plan": "success", "train": "success", "record": "success"}
+    ok = {"plan": "success", "train": "success", "record": "success", "publish": "success"}
+    # a later day's model is published unless its AUC is worse (tests/airflow/test_publish_dag.py)
+    later = {**ok, "publish": mock.ANY}
 
     # Day 1: a cold start, trained, recorded, reported.
     assert (first["state"], first["tasks"]) == ("success", ok), log[-6000:]
@@ -98,8 +101,14 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
     assert xcom["train._link_RunReportLink"] == (train_dir / "report.html").as_uri()
     assert "[DAG TEST] running trigger in line" in log
 
+    # the first model is published: its held-out AUC, into the runs directory's published/
+    assert xcom["publish.decision"]["published"] is True
+    published = runs / "published" / "dlrm_daily_retraining"
+    assert (published / "CURRENT").read_text().strip() == xcom["publish.return_value"]
+
     # Day 2: planned from day 1's profile, through the connection.
-    assert (second["state"], second["tasks"]) == ("success", ok), log[-6000:]
+    assert (second["state"], second["tasks"]) == ("success", later), log[-6000:]
+    assert second["tasks"]["publish"] in {"success", "skipped"}
     plan_2 = second["xcom"]["plan.return_value"]
     assert plan_2["stage"] == "warm_start"
     assert run_1 in plan_2["similar_jobs"]
@@ -117,6 +126,7 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
         "plan": "failed",
         "train": "upstream_failed",
         "record": "upstream_failed",
+        "publish": "upstream_failed",
     }
     assert "job_spec: bogus: unknown key" in log
     assert _history_ids(f"sqlite:///{history}") == {run_1, run_2}
@@ -124,7 +134,7 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
 
     # Day 1 again (a re-run of a logical date that succeeded): trained again under the same
     # run id, and the history still holds one run for that date: the new attempt.
-    assert (again["state"], again["tasks"]) == ("success", ok), log[-6000:]
+    assert (again["state"], again["tasks"]) == ("success", later), log[-6000:]
     assert again["xcom"]["train.run_id"] == run_1
     assert _history_ids(f"sqlite:///{history}") == {run_1, run_2}
     with open_history(f"sqlite:///{history}") as store:

@@ -58,12 +58,21 @@ def test_dlrover_kfp_compile_writes_every_file(tmp_path: Path) -> None:
     [
         (
             "plan_resources",
-            {"job_spec", "history_url", "backend", "kfp_run_id"},
+            {"job_spec", "history_url", "backend", "kfp_run_id", "data"},
             {"plan", "report"},
         ),
         (
             "elastic_train",
-            {"job_spec", "plan", "history_url", "backend", "claim", "kfp_run_id", "kfp_task_name"},
+            {
+                "job_spec",
+                "plan",
+                "history_url",
+                "backend",
+                "claim",
+                "kfp_run_id",
+                "kfp_task_name",
+                "data",
+            },
             {"model", "metrics", "profile", "report"},
         ),
         ("record_profile", {"profile", "history_url", "kfp_run_id"}, {"summary"}),
@@ -291,7 +300,8 @@ def test_the_example_pipeline_compiles_with_the_master_wiring(tmp_path: Path) ->
     compiler.Compiler().compile(module["dlrm_daily_retraining"], str(tmp_path / "ex.yaml"))
     pipeline, platform = yaml.safe_load_all((tmp_path / "ex.yaml").read_text(encoding="utf-8"))
     assert set(pipeline["root"]["dag"]["tasks"]) == {
-        "plan-resources", "elastic-train", "record-profile"
+        "prepare-example-data", "plan-resources", "elastic-train", "record-profile",
+        "publish-model",
     }  # fmt: skip
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert executors["exec-elastic-train"]["pvcMount"][0]["mountPath"] == "/var/lib/dlrover-kfp"
