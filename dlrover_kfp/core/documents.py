@@ -7,6 +7,7 @@ only in messages. Reading files happens at the edge (``dlrover_kfp.files``).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypeVar
 
 import yaml
@@ -136,6 +137,17 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+# YAML 1.1 (PyYAML) reads a float only with a dot: ``1e-06`` and ``1E+3`` are strings there, but
+# numbers in JSON and YAML 1.2. A job spec's ``learning_rate: 1e-6`` or a profile that
+# json.dumps wrote (``1e-05``) must read as a number, so the loader also resolves exponent-only
+# floats (``[-+]?D+[eE][-+]?D+``); the 1.1 forms keep their own resolver, tried first.
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def load_text(text: str, source: str) -> object:

@@ -176,6 +176,17 @@ def test_malformed_yaml_names_file_and_line() -> None:
         load_text("name: x\nmodel: [1, 2\n", "job.yaml")
 
 
+def test_exponent_floats_read_as_numbers_as_json_writes_them() -> None:
+    """json.dumps writes 1e-05 (no dot), which YAML 1.1 reads as a string: a profile or a spec
+    with such a learning rate must still validate, and every float json writes reads back."""
+    spec = load_text("training: {batch_size: 8, learning_rate: 1e-6}\nx: -2E+3\ny: 'e5'", "s")
+    assert spec == {"training": {"batch_size": 8, "learning_rate": 1e-6}, "x": -2000.0, "y": "e5"}
+    rng = random.Random(3)
+    for _ in range(500):
+        value = rng.uniform(-1, 1) * 10 ** rng.randint(-300, 300)
+        assert load_text(json.dumps({"v": value}), "s") == {"v": value}
+
+
 def test_top_level_must_be_a_mapping() -> None:
     with pytest.raises(SpecError, match="expected a mapping"):
         parse(JobSpec, ["a"], "job.yaml")
