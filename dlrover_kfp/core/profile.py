@@ -13,7 +13,7 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from dlrover_kfp.core.plan import NodeGroup, Stage
-from dlrover_kfp.core.spec import CriteoData, JobSpec, ModelSpec, NodeRequest, Quota
+from dlrover_kfp.core.spec import CriteoData, JobSpec, ModelSpec, NodeRequest, Quota, TableData
 from dlrover_kfp.core.types import (
     CONTRACT_CONFIG,
     CoresValue,
@@ -178,7 +178,7 @@ def profile_job(spec: JobSpec, rows: int | None = None) -> ProfileJob:
     """The similarity features of ``spec`` as a profile records them (``rows``: if measured)."""
     res = spec.resources
     data_rows = rows if rows is not None else (spec.dataset_rows or 0)
-    path = spec.data.path if isinstance(spec.data, CriteoData) else None
+    path = spec.data.path if isinstance(spec.data, CriteoData | TableData) else None
     return ProfileJob(
         name=spec.name,
         scenario=spec.scenario,

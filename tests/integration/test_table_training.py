@@ -111,6 +111,8 @@ def test_parquet_on_s3_and_csv_train_as_the_criteo_reader(
         assert profile.metrics.eval_rows == sum(r.rows for r in held), name
         assert profile.metrics.bad_rows == 0, name
         assert profile.job.data.rows == ROWS, name
+        assert profile.job.data.path is not None  # the history says which data it trained on
+        assert profile.job.data.format == name.removesuffix("-s3")
         print(
             f"{name}: samples {profile.outcome.samples_processed}, held-out "
             f"{profile.metrics.eval_rows} rows, AUC {profile.metrics.auc}, loss "
