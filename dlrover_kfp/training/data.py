@@ -70,7 +70,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.errors import DataUnavailableError, UserInputError
 from dlrover_kfp.training import storage
 
 FloatArray = npt.NDArray[np.float32]
@@ -347,6 +347,51 @@ def line_end(head: bytes) -> bytes:
     return b"\r" if b"\r" in head and b"\n" not in head else b"\n"
 
 
+def build_index(
+    f: storage.StoredFile,
+    counter: storage.ReadCounter,
+    skip_header: bool,
+    stride: int,
+    newline: bytes,
+) -> LineIndex:
+    """The line index of a stored file (one pass over its bytes); a file without a data row is
+    a :class:`UserInputError` naming it."""
+    path = storage.display(f.url)
+    try:
+        with storage.storage_errors(f.url), storage.open_file(f, counter) as fh:
+            index = index_lines_in(fh, skip_header, stride, newline)
+    except OSError as exc:
+        raise UserInputError(f"{path}: cannot read ({exc.strerror})") from exc
+    if index.rows == 0:
+        raise UserInputError(f"{path}: no data rows")
+    return index
+
+
+def read_lines(
+    f: storage.StoredFile,
+    counter: storage.ReadCounter,
+    span: Sequence[int],
+    rows: int,
+    newline: bytes,
+) -> list[bytes]:
+    """The ``rows`` lines a :meth:`LineIndex.span` covers, without their line ends, in one
+    ranged read. Lines that are not where the index put them (the file rewritten since it was
+    indexed) -> :class:`DataUnavailableError`: a new attempt lists and indexes it again."""
+    begin, end, skip = (int(x) for x in span)
+    try:
+        with storage.storage_errors(f.url), storage.open_file(f, counter) as fh:
+            fh.seek(begin)
+            chunk = fh.read(end - begin)
+    except OSError as exc:
+        raise UserInputError(f"{storage.display(f.url)}: cannot read ({exc.strerror})") from exc
+    lines = chunk.split(newline)[skip : skip + rows]
+    if len(lines) != rows:
+        raise DataUnavailableError(
+            f"{storage.display(f.url)}: changed since the job listed it (its lines moved)"
+        )
+    return lines
+
+
 def _lines(f: BinaryIO | storage.CountingFile, newline: bytes) -> Iterator[bytes]:
     """The lines of ``f`` from where it is, without their ``newline``, a block at a time."""
     rest = b""
@@ -505,16 +550,8 @@ class CriteoFiles:
         and one result is kept: wasted work, never a wrong index, and no lock to stop pickling."""
         index = self._indexes[source]
         if index is None:
-            path = self._paths[source]
-            f = self._files[source]
-            try:
-                _, header, newline = self._layout(source)
-                with storage.storage_errors(f.url), storage.open_file(f, self.counter) as fh:
-                    index = index_lines_in(fh, header, self._stride, newline)
-            except OSError as exc:
-                raise UserInputError(f"{path}: cannot read ({exc.strerror})") from exc
-            if index.rows == 0:
-                raise UserInputError(f"{path}: Criteo file has no data rows")
+            _, header, newline = self._layout(source)
+            index = build_index(self._files[source], self.counter, header, self._stride, newline)
             self._indexes[source] = index
         return index
 
@@ -554,18 +591,8 @@ class CriteoFiles:
             if rows.end > index.rows:
                 raise ValueError(f"{rows} is past the end of {path} ({index.rows} rows)")
             span = index.span(rows.start, rows.end)
-        begin, end, skip = (int(x) for x in span)
-        f = self._files[rows.source]
         sep, _, newline = self._layout(rows.source)
-        try:
-            with storage.storage_errors(f.url), storage.open_file(f, self.counter) as fh:
-                fh.seek(begin)
-                chunk = fh.read(end - begin)
-        except OSError as exc:
-            raise UserInputError(f"{path}: cannot read ({exc.strerror})") from exc
-        lines = chunk.split(newline)[skip : skip + rows.rows]
-        if len(lines) != rows.rows:
-            raise UserInputError(f"{path}: file changed since it was indexed")
+        lines = read_lines(self._files[rows.source], self.counter, span, rows.rows, newline)
         return parse_criteo_lines(lines, sep, self._table_sizes, self._dense_features)
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dlrover_kfp.core.spec import DataColumns, TableData
-from dlrover_kfp.errors import DataUnavailableError, UserInputError
+from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.training import storage
 from dlrover_kfp.training.data import (
     _LINE_END_PROBE,
@@ -48,9 +48,10 @@ from dlrover_kfp.training.data import (
     RowRange,
     _check_tables,
     _empty_batch,
+    build_index,
     hash_ids,
-    index_lines_in,
     line_end,
+    read_lines,
 )
 
 if TYPE_CHECKING:
@@ -454,12 +455,10 @@ class TextTableFiles:
     def line_index(self, s: int) -> LineIndex:
         index = self._indexes[s]
         if index is None:
-            layout = self._layout(s)
-            f = self._files[s]
-            with storage.storage_errors(f.url), storage.open_file(f, self.counter) as fh:
-                index = index_lines_in(fh, self._data.has_header, self._stride, layout.newline)
-            if index.rows == 0:
-                raise UserInputError(f"{storage.display(f.url)}: no data rows")
+            newline = self._layout(s).newline
+            index = build_index(
+                self._files[s], self.counter, self._data.has_header, self._stride, newline
+            )
             self._indexes[s] = index
         return index
 
@@ -490,17 +489,8 @@ class TextTableFiles:
             if rows.end > index.rows:
                 raise ValueError(f"{rows} is past the end of {self._files[rows.source].url}")
             span = index.span(rows.start, rows.end)
-        begin, end, skip = (int(x) for x in span)
-        f = self._files[rows.source]
         layout = self._layout(rows.source)
-        with storage.storage_errors(f.url), storage.open_file(f, self.counter) as fh:
-            fh.seek(begin)
-            chunk = fh.read(end - begin)
-        lines = chunk.split(layout.newline)[skip : skip + rows.rows]
-        if len(lines) != rows.rows:
-            raise DataUnavailableError(
-                f"{storage.display(f.url)}: changed since the job listed it (its lines moved)"
-            )
+        lines = read_lines(self._files[rows.source], self.counter, span, rows.rows, layout.newline)
         return self._parse(lines, layout)
 
     def _parse(self, lines: list[bytes], layout: _TextLayout) -> Batch:
