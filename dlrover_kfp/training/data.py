@@ -194,7 +194,7 @@ def _check_range(rows: RowRange, source_rows: tuple[int, ...]) -> None:
         raise ValueError(f"{rows} is outside the data (rows per source: {list(source_rows)})")
 
 
-def _check_tables(table_sizes: Sequence[int]) -> tuple[int, ...]:
+def check_tables(table_sizes: Sequence[int]) -> tuple[int, ...]:
     sizes = tuple(int(s) for s in table_sizes)
     if len(sizes) < 1 or min(sizes) < 1:
         raise UserInputError(
@@ -203,7 +203,7 @@ def _check_tables(table_sizes: Sequence[int]) -> tuple[int, ...]:
     return sizes
 
 
-def _empty_batch(dense_features: int, tables: int, bad_rows: int = 0) -> Batch:
+def empty_batch(dense_features: int, tables: int, bad_rows: int = 0) -> Batch:
     return Batch(
         dense=np.zeros((0, dense_features), dtype=np.float32),
         sparse=np.zeros((0, tables), dtype=np.int64),
@@ -337,7 +337,7 @@ def index_lines_in(
 
 
 #: Bytes of a file's start that decide its line end: many lines of any Criteo layout.
-_LINE_END_PROBE = 1 << 16
+LINE_END_PROBE = 1 << 16
 
 
 def line_end(head: bytes) -> bytes:
@@ -395,7 +395,7 @@ def read_lines(
 def _lines(f: BinaryIO | storage.CountingFile, newline: bytes) -> Iterator[bytes]:
     """The lines of ``f`` from where it is, without their ``newline``, a block at a time."""
     rest = b""
-    while block := f.read(_LINE_END_PROBE):
+    while block := f.read(LINE_END_PROBE):
         *done, rest = (rest + block).split(newline)
         yield from done
     if rest:
@@ -436,7 +436,7 @@ def parse_criteo_lines(
         tokens.extend(fields[1 + dense_features :])
     n = len(labels)
     if n == 0:
-        return _empty_batch(dense_features, len(table_sizes), bad)
+        return empty_batch(dense_features, len(table_sizes), bad)
 
     try:
         raw = _numbers(cells).reshape(n, dense_features)
@@ -503,7 +503,7 @@ class CriteoFiles:
             )
         if not paths:
             raise UserInputError("data.path: no Criteo file given")
-        self._table_sizes = _check_tables(table_sizes)
+        self._table_sizes = check_tables(table_sizes)
         self._dense_features = dense_features
         self._files = tuple(
             p if isinstance(p, storage.StoredFile) else _local_file(p) for p in paths
@@ -531,7 +531,7 @@ class CriteoFiles:
         path = storage.display(f.url)
         try:
             with storage.storage_errors(f.url), storage.open_file(f, counter) as fh:
-                newline = line_end(fh.read(_LINE_END_PROBE))
+                newline = line_end(fh.read(LINE_END_PROBE))
                 fh.seek(0)
                 lines = _lines(fh, newline)
                 first = next(lines, b"")
@@ -585,7 +585,7 @@ class CriteoFiles:
             raise ValueError(f"{rows} names no file: there are {len(self._paths)} sources")
         path = self._paths[rows.source]
         if rows.rows == 0:
-            return _empty_batch(self._dense_features, len(self._table_sizes))
+            return empty_batch(self._dense_features, len(self._table_sizes))
         if span is None:
             index = self.line_index(rows.source)
             if rows.end > index.rows:
@@ -707,7 +707,7 @@ class SyntheticCriteo:
         if block_rows < 1:
             raise ValueError(f"block_rows must be >= 1, got {block_rows}")
         self._rows = rows
-        self._sizes = _check_tables(table_sizes)
+        self._sizes = check_tables(table_sizes)
         self._dense_features = dense_features
         self._seed = seed
         self._block_rows = block_rows
@@ -770,7 +770,7 @@ class SyntheticCriteo:
                 )
             )
         if not pieces:
-            empty = _empty_batch(self._dense_features, len(self._sizes))
+            empty = empty_batch(self._dense_features, len(self._sizes))
             return empty.dense, empty.sparse, empty.labels, np.zeros(0)
         if len(pieces) == 1:
             p = pieces[0]

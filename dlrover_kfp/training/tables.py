@@ -41,14 +41,14 @@ from dlrover_kfp.core.spec import DataColumns, TableData
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.training import storage
 from dlrover_kfp.training.data import (
-    _LINE_END_PROBE,
+    LINE_END_PROBE,
     Batch,
     IntArray,
     LineIndex,
     RowRange,
-    _check_tables,
-    _empty_batch,
     build_index,
+    check_tables,
+    empty_batch,
     hash_ids,
     line_end,
     read_lines,
@@ -211,7 +211,7 @@ def table_batch(
     n = table.num_rows
     dense_n, tables = len(columns.dense), len(columns.sparse)
     if n == 0:
-        return _empty_batch(dense_n, tables, lost_rows)
+        return empty_batch(dense_n, tables, lost_rows)
     label, label_missing = _float_column(table.column(columns.label), columns.label)
     good = ~label_missing & ((label == 0.0) | (label == 1.0))
     dense = np.zeros((n, dense_n), dtype=np.float64)
@@ -220,7 +220,7 @@ def table_batch(
         dense[:, j] = values
     good &= np.isfinite(dense).all(axis=1)
     sparse = np.zeros((n, tables), dtype=np.int64)
-    sizes = _check_tables(table_sizes)
+    sizes = check_tables(table_sizes)
     for t, name in enumerate(columns.sparse):
         column = table.column(name).combine_chunks()
         kind = column.type
@@ -285,7 +285,7 @@ class ParquetFiles:
             raise UserInputError("data.path: no Parquet file given")
         self._files = tuple(files)
         self._columns = columns
-        self._sizes = _check_tables(table_sizes)
+        self._sizes = check_tables(table_sizes)
         self._sources: list[_ParquetSource | None] = [None] * len(self._files)
         self.counter = storage.ReadCounter()
         if eager:
@@ -352,7 +352,7 @@ class ParquetFiles:
         if rows.end > total:
             raise ValueError(f"{rows} is past the end of {self._files[rows.source].url}")
         if rows.rows == 0:
-            return _empty_batch(len(self._columns.dense), len(self._sizes))
+            return empty_batch(len(self._columns.dense), len(self._sizes))
         bounds = np.asarray(source.bounds)
         first = int(np.searchsorted(bounds, rows.start, side="right")) - 1
         last = int(np.searchsorted(bounds, rows.end, side="left"))  # exclusive group index
@@ -413,7 +413,7 @@ class TextTableFiles:
         self._files = tuple(files)
         self._data = data
         self._delimiter = _DELIMITERS[data.format]
-        self._sizes = _check_tables(table_sizes)
+        self._sizes = check_tables(table_sizes)
         self._stride = index_stride
         self._layouts: list[_TextLayout | None] = [None] * len(self._files)
         self._indexes: list[LineIndex | None] = [None] * len(self._files)
@@ -428,7 +428,7 @@ class TextTableFiles:
         if layout is None:
             f = self._files[s]
             with storage.storage_errors(f.url), storage.open_file(f, self.counter) as fh:
-                head = fh.read(min(_LINE_END_PROBE, f.size))
+                head = fh.read(min(LINE_END_PROBE, f.size))
             newline = line_end(head)
             first = head.split(newline, 1)[0].rstrip(b"\r").decode("utf-8", "replace")
             columns = self._data.columns
@@ -483,7 +483,7 @@ class TextTableFiles:
         if rows.source >= len(self._files):
             raise ValueError(f"{rows} names no file: there are {len(self._files)} sources")
         if rows.rows == 0:
-            return _empty_batch(len(self._data.columns.dense), len(self._sizes))
+            return empty_batch(len(self._data.columns.dense), len(self._sizes))
         if span is None:
             index = self.line_index(rows.source)
             if rows.end > index.rows:
