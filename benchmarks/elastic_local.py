@@ -9,9 +9,10 @@ over-provisioned one such as ``1x1,1x1`` shows the give-back) under a quota of `
 CPU, and lets the job master plan (Stage 2 every 10 s, the local planner settings of
 ``dlrover-kfp run``). Prints the plan timeline with its reasons, the samples/s timeline, the
 steady samples/s before the first step and after the last one (the ratio), CPU requested and
-used at the start and at the end, and whether ``samples_processed`` equals rows x epochs minus
-the held-out rows. CPU limits are enforced where the machine allows cgroups (the profile says
-which).
+used at the start and at the end, whether ``samples_processed`` equals rows x epochs minus
+the held-out rows, and issue 30's live checks: the progress at every step, the steps after 80%
+of it, the role shapes re-entered, every event. CPU limits are enforced where the machine
+allows cgroups (the profile says which).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.plan import ResourcePlan, Stage
+from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.planning import local_planner_settings
 from dlrover_kfp.runtime.elastic import elastic_run
@@ -159,6 +161,31 @@ def main() -> None:
                 f"throughput kept: {x1 / x0:.0%}"
             )
     print(f"held-out AUC {p.metrics.auc}")
+    late_and_reentered(p)
+
+
+def late_and_reentered(p: JobProfile) -> None:
+    """Issue 30's live checks: the job's progress at every plan applied after the first (its
+    global step then over its last: steps are batches of one size), and every role shape
+    (count x CPU per pod) re-entered after the job had left it."""
+    final = max((s.global_step for s in p.samples), default=0) or 1
+    print("steps (progress when applied):")
+    for a in p.plans[1:]:
+        step = max((s.global_step for s in p.samples if s.time <= a.time), default=0)
+        print(f"  {a.time:6.1f}s {100 * step / final:5.1f}% {a.stage.value}: {a.reason}")
+    late = [
+        a
+        for a in p.plans[1:]
+        if max((s.global_step for s in p.samples if s.time <= a.time), default=0) > 0.8 * final
+    ]
+    print(f"steps after 80% progress: {len(late)}")
+    for role in ("workers", "ps"):
+        shapes = [(getattr(a, role).count, getattr(a, role).cpu) for a in p.plans]
+        runs = [x for i, x in enumerate(shapes) if i == 0 or shapes[i - 1] != x]
+        again = [x for i, x in enumerate(runs) if x in runs[:i]]
+        print(f"{role} shapes in order: {runs}; re-entered: {again or 'none'}")
+    for e in p.events:
+        print(f"  event {e.time:6.1f}s {e.kind}{' ' + e.node if e.node else ''}: {e.detail}")
 
 
 if __name__ == "__main__":

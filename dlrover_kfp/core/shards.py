@@ -77,6 +77,17 @@ class ShardLedger:
         return self.epochs * sum(end - start for _, start, end in self.ranges)
 
     @property
+    def rows_to_lease(self) -> int:
+        """Rows no worker holds or has done yet: this epoch's TODO shards and every later
+        epoch's. What a change of the job's shape can still speed up (leased rows are trained
+        by their holders whatever it does)."""
+        if self.finished:
+            return 0
+        per_epoch = sum(end - start for _, start, end in self.ranges)
+        todo = sum(self.ranges[i][2] - self.ranges[i][1] for i in self.todo)
+        return todo + (self.epochs - self.epoch - 1) * per_epoch
+
+    @property
     def finished(self) -> bool:
         return self.epoch >= self.epochs
 

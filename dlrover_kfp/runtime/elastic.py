@@ -33,6 +33,11 @@ record, which it is given:
     stopped worker's unreported shard is trained again from the start (its partial updates
     stay in the PS, as any asynchronous PS job's would); samples count when reported, once.
 
+* **steadiness**: every step of Stage 2 and every Stage-3 hot-PS move to more CPU first
+  passes :func:`~dlrover_kfp.core.planner.steadiness.refusal`: none too late to repay its
+  measured price in the rows still to lease, no role shape re-entered within its hold unless
+  the measurements contradict the move that left it. A refused step is not taken (said once).
+
 * **instability**, before any resize: Stage 3 (:func:`~dlrover_kfp.core.planner.post_scale`)
   on the samples since its last action. A worker relaunch (a memory trend toward its limit,
   a pending pod) or replacement (a persistent straggler) is applied to that pod; a PS action
@@ -76,7 +81,7 @@ from typing import Any
 
 from dlrover_kfp.core.documents import parse, to_dict
 from dlrover_kfp.core.node_id import NodeId
-from dlrover_kfp.core.observation import Observation
+from dlrover_kfp.core.observation import Config, Observation
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan
 from dlrover_kfp.core.planner import (
     PlannerSettings,
@@ -85,6 +90,7 @@ from dlrover_kfp.core.planner import (
     context_from_spec,
     throughput_before,
 )
+from dlrover_kfp.core.planner.auto_scale import describe, plan_config
 from dlrover_kfp.core.planner.post_scale import Instability, post_scale
 from dlrover_kfp.core.planner.relaunch import (
     ExitCause,
@@ -94,6 +100,7 @@ from dlrover_kfp.core.planner.relaunch import (
     Relaunch,
     decide_relaunch,
 )
+from dlrover_kfp.core.planner.steadiness import Move, Proposal, refusal
 from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent, RuntimeSample
 from dlrover_kfp.core.reconcile import ChangeKind, Pod, move_ps, reconcile
 from dlrover_kfp.core.spec import JobSpec
@@ -188,6 +195,11 @@ class ElasticPolicy:
         #: until the backend refuses one, then a replacement for the rest of the run; Stage 2
         #: prices CPU changes by it (auto_scale's ``resize_in_place``)
         self.resize_in_place = True
+        #: the shape changes applied (Stage 2's steps, Stage 3's PS moves): what the
+        #: steadiness rules price steps by and hold left shapes against
+        self.moves: list[Move] = []
+        #: the target of the last step refused, said once
+        self._said: Config | None = None
 
     # -- the hooks of the run's loop ----------------------------------------------------------
 
@@ -631,8 +643,24 @@ class ElasticPolicy:
                 if new:
                     self._apply_actions(state, dataclasses.replace(unstable, actions=tuple(new)))
                 return
+            unstable = self._steady_actions(unstable, settled, t)
+        if unstable is not None and unstable.actions:
+            before, rate, started = (
+                self.plan,
+                throughput_before(settled, self.planner),
+                self._mark(),
+            )
             self._apply_actions(state, unstable)
             self._starts.append(len(self.run.samples))
+            if plan_config(self.plan) != plan_config(before):  # a PS moved to another size
+                grew = self.plan.total_cpu > before.total_cpu
+                step = ScalingStep(
+                    time=self.run.clock.monotonic() - self.run.start,
+                    before=before,
+                    throughput_before=rate,
+                    kind="grow" if grew else "give_back",
+                )
+                self._moved(step, started)
             return
         if not settled:
             return  # only pending pods to judge: no speed measured for Stage 2 yet
@@ -650,6 +678,15 @@ class ElasticPolicy:
             return
         measured = throughput_before(settled, self.planner)
         before = self.plan
+        proposal = self._proposal(
+            decision.plan,
+            measured,
+            decision.plan.predicted_throughput,
+            in_place=decision.in_place and self.resize_in_place,
+        )
+        if self._refused(proposal, t):
+            return
+        started = self._mark()
         self.run.progress(f"{self.run.run_id}: plan at {t:.0f}s: {decision.plan.reason}")
         self._apply(state, decision.plan)
         self._starts.append(len(self.run.samples))
@@ -665,6 +702,7 @@ class ElasticPolicy:
             # In place unless the backend refused a resize of it (then replaced).
             in_place=decision.in_place and self.resize_in_place,
         )
+        self._moved(self.last_step, started)
         self.plans.append(
             AppliedPlan(
                 time=round(applied_at, 3),
@@ -676,6 +714,80 @@ class ElasticPolicy:
         )
         self.run.events.append(
             JobEvent(time=round(applied_at, 3), kind="scale", detail=self.plan.reason)
+        )
+
+    # -- steadiness: no step too late to repay, no flip-flop (core/planner/steadiness.py) ----
+
+    def _proposal(
+        self, target: ResourcePlan, rate_now: float, rate_new: float | None, *, in_place: bool
+    ) -> Proposal:
+        """The step from the running plan to ``target``, as the steadiness rules judge it."""
+        share = self.ctx.dominant_share
+        return Proposal(
+            before=plan_config(self.plan),
+            after=plan_config(target),
+            rate_now=rate_now,
+            rate_new=rate_new,
+            share_now=share(self.plan.total_cpu, self.plan.total_memory_mb),
+            share_new=share(target.total_cpu, target.total_memory_mb),
+            in_place=in_place,
+        )
+
+    def _refused(self, proposal: Proposal, t: float) -> bool:
+        """Whether ``proposal`` must not be taken now: re-entering a held shape, or too late to
+        repay its price in the rows still to lease. Said once per target shape (a stage
+        proposes it again at every decision while the reason stands)."""
+        with self.run.state.lock:
+            rows = self.run.state.ledger.rows_to_lease
+        why = refusal(proposal, self.moves, self.run.samples, t, rows, self.planner)
+        if why is not None and proposal.after != self._said:
+            self.run.progress(
+                f"{self.run.run_id}: step to {describe(proposal.after)} not taken: {why}"
+            )
+        self._said = proposal.after if why is not None else None
+        return why is not None
+
+    def _steady_actions(
+        self, plan: ResourcePlan, settled: Sequence[RuntimeSample], t: float
+    ) -> ResourcePlan | None:
+        """Stage 3's ``plan`` without a hot-PS move to more CPU that the steadiness rules
+        refuse. Stage 3 predicts no rate; the one the move is judged by is the most it could
+        reach: X0 · new CPU / old CPU, the PS the only bottleneck (so only moves that could
+        not repay even then are refused). Fault repairs (OOM, a starved, frozen or pending
+        pod, a straggler) are never refused."""
+        grown = [
+            a for a in plan.actions if a.kind == "migrate_ps" and (a.cpu or 0) > self.run.ps.cpu
+        ]
+        if not grown:
+            return plan
+        cpu = max(a.cpu or 0.0 for a in grown)
+        rate = throughput_before(settled, self.planner)
+        target = dataclasses.replace(self.plan, ps=dataclasses.replace(self.run.ps, cpu=cpu))
+        proposal = self._proposal(target, rate, rate * cpu / self.run.ps.cpu, in_place=False)
+        if not self._refused(proposal, t):
+            return plan
+        kept = tuple(a for a in plan.actions if a not in grown)
+        return dataclasses.replace(plan, actions=kept) if kept else None
+
+    def _mark(self) -> tuple[float, int]:
+        """(monotonic time, samples trained) when a step starts being applied."""
+        return self.run.clock.monotonic(), self.run.state.totals()[0]
+
+    def _moved(self, step: ScalingStep, started: tuple[float, int]) -> None:
+        """Record an applied move, with the training it lost while it was applied: the
+        seconds elapsed less the samples trained meanwhile at the rate before it."""
+        t0, n0 = started
+        elapsed = self.run.clock.monotonic() - t0
+        trained = self.run.state.totals()[0] - n0
+        rate = step.throughput_before
+        lost = max(0.0, elapsed - trained / rate) if rate > 0 else 0.0
+        self.moves.append(
+            Move(
+                step=step,
+                before=plan_config(step.before),
+                after=plan_config(self.plan),
+                apply_lost_s=lost,
+            )
         )
 
     def _apply_actions(self, state: MasterState, plan: ResourcePlan) -> None:

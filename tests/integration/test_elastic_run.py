@@ -106,9 +106,12 @@ def test_an_under_provisioned_job_is_scaled_up_and_trains_every_row_once(tmp_pat
     # Exactly once: every training row of the one epoch, none twice, none lost in the resize.
     assert profile.outcome.samples_processed == _trained_rows(spec, settings)
     steps = [p for p in profile.plans if p.stage is Stage.AUTO_SCALE]
-    # Two steps at least: growth stays within the trust region (the job's CPU at most doubles
-    # per step), and 0.5 cores are 4x short of the quota.
-    assert len(steps) >= 2, profile.plans
+    # A step at least (0.5 cores are 4x short of the quota); every step stays within the trust
+    # region (the job's CPU at most doubles per step). A second step comes only while it can
+    # repay its price in the rows left to lease (core/planner/steadiness.py): in a run here the
+    # second step Stage 2 proposed (a PS repartition, at 65%, with 4.6 s of rows left against
+    # the 9 s the job's start-up took) was not taken.
+    assert len(steps) >= 1, profile.plans
     assert steps[0].reason.startswith("auto-scale 1w x 0.25cpu + 1ps x 0.25cpu ->")
     cpu = [p.workers.total_cpu + p.ps.total_cpu for p in profile.plans]
     for i in range(1, len(cpu)):

@@ -164,7 +164,7 @@ def _probe(
     return None
 
 
-def _judge(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | None:
+def judge_step(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | None:
     """Why the last step should be undone, or None if it stands.
 
     A growth step must pay: it must measure at least ``min_gain / 2`` more throughput (else it
@@ -178,6 +178,8 @@ def _judge(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | No
     taken with nothing measured before it (a restarted job's first) has no baseline: it stands.
 
     The judged drop, for every kind but a rollback: ``measured / throughput_before - 1``.
+    The runtime's hold rule (core/planner/steadiness.py) asks the same question of any move
+    that left a shape: a move this undoes is one the measurements contradict.
     """
     if step.throughput_before <= 0 or step.kind == "rollback":
         return None
@@ -245,7 +247,7 @@ def auto_scale(
     measured = statistics.fmean(x.throughput for x in at_current[-s.min_samples :])
 
     if last_step is not None:
-        verdict = _judge(last_step, measured, s)
+        verdict = judge_step(last_step, measured, s)
         if verdict is not None:
             back = last_step.before
             return AutoScaleDecision(

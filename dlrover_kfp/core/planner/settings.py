@@ -219,6 +219,26 @@ class RelaunchSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SteadySettings:
+    """The running job's guard against steps it inflicts on itself (core/planner/steadiness.py):
+    no step too late to repay its measured price, no shape re-entered soon after it was left
+    unless the measurements contradict the move that left it."""
+
+    #: A left shape is held for h = max(auto_scale.min_interval_s, 2·c / this), c the measured
+    #: price of one step: a flip-flop A -> B -> A is two steps and, held, recurs at most once
+    #: per h, so it costs the job at most this share of its time. 10%: the loss a planner
+    #: may inflict on a job by changing its mind is of the order of the objective's own
+    #: tolerances (max_loss 3%, give_back_tolerance 5%), not of its gains (min_gain 5% per
+    #: step). A step that costs a cluster's ~3-min relaunch holds a shape for an hour, one
+    #: that costs 2 s (a live PS move on one machine) for 40 s.
+    flip_flop_share: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not 0 < self.flip_flop_share <= 1:
+            raise ValueError(f"flip_flop_share: must be in (0, 1], got {self.flip_flop_share}")
+
+
+@dataclass(frozen=True, slots=True)
 class PlannerSettings:
     node: NodeLimits = field(default_factory=NodeLimits)
     default_quota: DefaultQuota = field(default_factory=DefaultQuota)
@@ -227,6 +247,7 @@ class PlannerSettings:
     auto_scale: AutoScaleSettings = field(default_factory=AutoScaleSettings)
     post_scale: PostScaleSettings = field(default_factory=PostScaleSettings)
     relaunch: RelaunchSettings = field(default_factory=RelaunchSettings)
+    steady: SteadySettings = field(default_factory=SteadySettings)
     #: The most one job may hold on its backend at all, whatever its quota says: on the local
     #: backend the machine's cores and memory (pods beyond them only take turns on the same
     #: cores, or swap). None on a cluster, where the quota is the cap.
