@@ -767,12 +767,15 @@ class PublishModelOperator(BaseOperator):
         volume or a ``file://`` URL); default ``published/<dag_id>`` in the runs directory.
     :param max_auc_drop: how far below the served model's AUC a new model may be (default
         0.005; templated: a number or its text).
+    :param evaluation: the evaluate task's ``metrics.json`` (its XCom ``metrics``; templated):
+        judge the AUC the exported model gave there (refused unless it is this model's);
+        without it, the AUC the train step measured (``model.json``).
 
     XComs: ``decision`` (published, reason, both AUCs, the served version), also when refused;
     ``return_value``: the version published.
     """
 
-    template_fields: Sequence[str] = ("model", "published", "max_auc_drop")
+    template_fields: Sequence[str] = ("model", "published", "max_auc_drop", "evaluation")
     ui_color = "#f3e8fd"
 
     def __init__(
@@ -781,12 +784,14 @@ class PublishModelOperator(BaseOperator):
         model: str,
         published: str | None = None,
         max_auc_drop: float | str = 0.005,
+        evaluation: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.model = model
         self.published = published
         self.max_auc_drop = max_auc_drop
+        self.evaluation = evaluation
 
     def execute(self, context: Context) -> str | None:
         from dlrover_kfp.steps.publish import publish_step  # noqa: PLC0415 - as above
@@ -804,12 +809,124 @@ class PublishModelOperator(BaseOperator):
                 raise UserInputError(
                     f"max_auc_drop: {self.max_auc_drop!r}; expected a number"
                 ) from None
-            decision = publish_step(self.model, published, max_auc_drop=drop)
+            decision = publish_step(
+                self.model,
+                published,
+                max_auc_drop=drop,
+                evaluation=(self.evaluation or "").strip() or None,
+            )
         context["ti"].xcom_push(key="decision", value=dataclasses.asdict(decision))
         self.log.info("publish gate (%s): %s", decision.location, decision.reason)
         if not decision.published:
             raise AirflowSkipException(decision.reason)
         return decision.version
+
+
+class ScoreModelOperator(BaseOperator):
+    """Score rows with a trained model (its ``model.onnx``, by onnxruntime: no torch) into a
+    Parquet file of predictions (:func:`dlrover_kfp.steps.score.score_step`: one row per
+    scored input row: source, row, label, probability).
+
+    :param model: the trained model's directory: the train task's XCom ``model`` (templated).
+    :param data_path: the rows to score: a file, directory, glob or URL (templated; as the
+        train operator's, ``s3://CONN_ID@bucket/...`` reads with that ``aws`` connection).
+    :param predictions: the Parquet file to write (templated; a path or an ``s3://`` URL,
+        written whole or not at all).
+    :param data_conn_id: an ``aws`` connection whose credentials read the data and write the
+        output (templated); or name it in ``data_path``.
+    :param data_format: parquet, csv, tsv or criteo (default: as ``dlrover-kfp score``).
+
+    XCom ``return_value``: the summary (rows, bad rows, AUC and log-loss against the labels).
+    """
+
+    template_fields: Sequence[str] = ("model", "data_path", "predictions", "data_conn_id")
+    ui_color = "#e6f4ea"
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        data_path: str,
+        predictions: str,
+        data_conn_id: str | None = None,
+        data_format: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.model = model
+        self.data_path = data_path
+        self.predictions = predictions
+        self.data_conn_id = data_conn_id
+        self.data_format = data_format
+
+    def _data(self) -> DataLocation:
+        path = (self.data_path or "").strip()
+        if not path:
+            return DataLocation("")
+        data = resolve_data_location(path, self.data_conn_id)
+        self.log.info("data: %s", data.describe())
+        return data
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from dlrover_kfp.steps.score import score_step  # noqa: PLC0415 - pyarrow, onnxruntime
+
+        with task_errors():
+            data = self._data()
+            with _environment(data.environment):
+                result = score_step(
+                    self.model, data.url, self.predictions, data_format=self.data_format or None
+                )
+        summary = result.to_dict()
+        self.log.info("scored: %s", json.dumps(summary))
+        return summary
+
+
+class EvaluateModelOperator(ScoreModelOperator):
+    """The exported model must reproduce the train step's held-out evaluation: score the rows
+    the train task held out (of ``data_path``, the data it trained on; nothing for a model
+    trained on generated rows) with ``model.onnx`` (onnxruntime) and fail the task, without
+    retries, when their AUC differs from the train step's by more than 1e-4
+    (:func:`dlrover_kfp.steps.evaluate.evaluate_step`): a broken export is never published.
+
+    Parameters as :class:`ScoreModelOperator`'s, but ``output_dir`` (templated) for
+    ``predictions``: a directory (default: ``evaluation/`` beside the model directory) that
+    gets ``held_out.parquet`` (the predictions) and ``metrics.json`` (auc, loss, rows, the
+    train step's auc: the document :class:`PublishModelOperator`'s ``evaluation`` reads).
+
+    XCom ``return_value``: the metrics; ``metrics``: the path of ``metrics.json``.
+    """
+
+    template_fields: Sequence[str] = ("model", "data_path", "output_dir", "data_conn_id")
+
+    def __init__(
+        self, *, model: str, data_path: str = "", output_dir: str = "", **kwargs: Any
+    ) -> None:
+        super().__init__(model=model, data_path=data_path, predictions="", **kwargs)
+        self.output_dir = output_dir
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from dlrover_kfp.steps.evaluate import evaluate_step  # noqa: PLC0415 - as above
+
+        directory = Path(self.output_dir or Path(self.model).parent / "evaluation")
+        with task_errors():
+            data = self._data()
+            with _environment(data.environment):
+                result = evaluate_step(
+                    self.model,
+                    data.url,
+                    str(directory / "held_out.parquet"),
+                    directory / "metrics.json",
+                    data_format=self.data_format or None,
+                )
+        metrics = result.to_dict()
+        context["ti"].xcom_push(key="metrics", value=str(directory / "metrics.json"))
+        self.log.info(
+            "evaluated: held-out AUC %s (onnxruntime) vs %s (train step), %d rows",
+            result.auc,
+            result.train_auc,
+            result.rows,
+        )
+        return metrics
 
 
 def task_run_id(context: Context, job_name: str) -> str:
@@ -846,9 +963,11 @@ def _summary(profile: JobProfile, profile_path: Path, report: Path | None) -> di
 
 __all__ = [
     "ElasticTrainOperator",
+    "EvaluateModelOperator",
     "PlanResourcesOperator",
     "PublishModelOperator",
     "RecordProfileOperator",
+    "ScoreModelOperator",
     "task_errors",
     "task_run_id",
 ]

@@ -156,23 +156,72 @@ def prepare_example_data(
     data.metadata["format"] = "parquet"
 
 
+def score_model(
+    model: dsl.Input[dsl.Model],
+    data: dsl.Input[dsl.Dataset],
+    predictions: dsl.Output[dsl.Dataset],
+    data_format: str = "",
+) -> None:
+    """Score every row of ``data`` (a file or a directory of files) with ``model`` (its
+    model.onnx, by onnxruntime: no torch) into ``predictions``, one Parquet file: source, row,
+    label, probability per scored row. ``data_format``: parquet, csv, tsv or criteo; "" for the
+    default of `dlrover-kfp score` (by the suffix and the model's columns).
+    """
+    from components.glue import score_model as run  # noqa: PLC0415
+
+    out = run(model.path, data.path, predictions.path, data_format)
+    predictions.metadata["rows"] = out.rows
+    predictions.metadata["bad_rows"] = out.bad_rows
+    predictions.metadata["format"] = "parquet"
+
+
+def evaluate_model(
+    model: dsl.Input[dsl.Model],
+    data: dsl.Input[dsl.Dataset],
+    predictions: dsl.Output[dsl.Dataset],
+    metrics: dsl.Output[dsl.Metrics],
+    evaluation: dsl.Output[dsl.Artifact],
+) -> None:
+    """Score the rows the train step held out of ``data`` (the Dataset it trained on) with the
+    exported model.onnx (onnxruntime) and fail the task when their AUC is not the train step's
+    within 1e-4: the model that would be served is then not the one trained. Outputs: the
+    held-out ``predictions`` (Parquet), ``metrics`` (auc, loss, rows) and ``evaluation`` (the
+    document publish_model judges).
+    """
+    from components.glue import evaluate_model as run  # noqa: PLC0415
+
+    out = run(model.path, data.path, predictions.path, evaluation.path)
+    if out.auc is not None:
+        metrics.log_metric("auc", out.auc)
+    if out.loss is not None:
+        metrics.log_metric("loss", out.loss)
+    metrics.log_metric("rows", out.rows)
+    evaluation.metadata["auc"] = out.auc
+    evaluation.metadata["train_auc"] = out.train_auc
+    predictions.metadata["rows"] = out.rows
+
+
 def publish_model(
     model: dsl.Input[dsl.Model],
     published: str,
     decision: dsl.Output[dsl.Artifact],
     max_auc_drop: float = 0.005,
+    evaluation: dsl.Input[dsl.Artifact] = None,
 ) -> str:
     """The publish gate: copy ``model`` (its directory: model.json, model.pt, model.onnx) to the
     directory ``published`` (``versions/<name>/``, then ``CURRENT`` names it) only when its
     held-out AUC is at least the published model's less ``max_auc_drop``; the first model with
     an AUC is published, one without is not. A refusal is not a failure: the task succeeds.
+    ``evaluation`` (optional, evaluate_model's): judge the AUC the exported model gave there
+    (refused unless it is this model's evaluation); without it, the train step's own.
 
     Returns "published" or "refused" (for ``dsl.If``); ``decision``: the decision as JSON, its
     reason and both AUCs in the metadata.
     """
     from components.glue import publish_model as run  # noqa: PLC0415
 
-    out = run(model.path, published, max_auc_drop, decision.path)
+    judged = evaluation.path if evaluation is not None else ""
+    out = run(model.path, published, max_auc_drop, decision.path, judged)
     decision.metadata["published"] = out.published
     decision.metadata["reason"] = out.reason
     decision.metadata["auc"] = out.auc
@@ -183,8 +232,10 @@ def publish_model(
 
 __all__ = [
     "elastic_train",
+    "evaluate_model",
     "plan_resources",
     "prepare_example_data",
     "publish_model",
     "record_profile",
+    "score_model",
 ]

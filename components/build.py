@@ -24,6 +24,8 @@ def targets(built: Components) -> dict[str, Any]:
         "elastic_dlrm_pipeline.yaml": built.elastic_dlrm_pipeline,
         "prepare_example_data.yaml": built.prepare_example_data,
         "publish_model.yaml": built.publish_model,
+        "score_model.yaml": built.score_model,
+        "evaluate_model.yaml": built.evaluate_model,
     }
 
 

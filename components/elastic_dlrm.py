@@ -1,6 +1,7 @@
 """The Kubeflow Pipelines components and the pipeline: plan -> train -> record; beside them
-``prepare_example_data`` (example rows as a Parquet Dataset, for elastic_train's ``data``) and
-``publish_model`` (the publish gate), which examples/kfp/pipeline.py wires around them.
+``prepare_example_data`` (example rows as a Parquet Dataset, for elastic_train's ``data``),
+``evaluate_model`` (the exported model must reproduce the held-out AUC), ``publish_model`` (the
+publish gate), which examples/kfp/pipeline.py wires around them, and ``score_model``.
 
 The components' bodies are :mod:`components.bodies`; :func:`build` makes them components of
 one image (``base_image``; :mod:`dlrover_kfp.steps.image` says which and why it must be fully
@@ -68,6 +69,11 @@ class TaskResources:
 #: the small example: under 1 CPU-second and 67 MB peak RSS each, docs/kfp.md); the limits leave
 #: room for KFP's executor and a large history.
 STEP_RESOURCES = TaskResources("250m", "1", "512Mi", "1Gi")
+
+#: evaluate and score: onnxruntime holds the whole model.onnx (its tables) in memory beside
+#: pyarrow's reads; the limit fits the small example's 27 MB model many times over; a larger
+#: model needs ``set_memory_limit`` of its tables' size plus a GiB.
+SCORE_RESOURCES = TaskResources("500m", "1", "1Gi", "2Gi")
 
 #: train's defaults (the job master on Kubernetes: the planner, the shard ledger and the
 #: master's RPCs; the pods do the training). With backend="local" every pod is a process of
@@ -157,6 +163,8 @@ class Components(NamedTuple):
     elastic_dlrm_pipeline: Any
     prepare_example_data: Any
     publish_model: Any
+    score_model: Any
+    evaluate_model: Any
 
 
 def build(image: str = IMAGE) -> Components:
@@ -168,6 +176,8 @@ def build(image: str = IMAGE) -> Components:
     record_profile = make(bodies.record_profile)
     prepare_example_data = make(bodies.prepare_example_data)
     publish_model = make(bodies.publish_model)
+    score_model = make(bodies.score_model)
+    evaluate_model = make(bodies.evaluate_model)
 
     @dsl.pipeline(
         name="elastic-dlrm",
@@ -220,6 +230,8 @@ def build(image: str = IMAGE) -> Components:
         elastic_dlrm_pipeline,
         prepare_example_data,
         publish_model,
+        score_model,
+        evaluate_model,
     )
 
 
@@ -230,6 +242,8 @@ def build(image: str = IMAGE) -> Components:
     elastic_dlrm_pipeline,
     prepare_example_data,
     publish_model,
+    score_model,
+    evaluate_model,
 ) = build()
 
 
@@ -238,6 +252,7 @@ __all__ = [
     "DEFAULT_HISTORY_SECRET",
     "HISTORY_SECRET_KEY",
     "IMAGE",
+    "SCORE_RESOURCES",
     "STEP_RESOURCES",
     "TRAIN_CPU",
     "TRAIN_MEMORY",
@@ -250,10 +265,12 @@ __all__ = [
     "build",
     "elastic_dlrm_pipeline",
     "elastic_train",
+    "evaluate_model",
     "plan_resources",
     "prepare_example_data",
     "publish_model",
     "record_profile",
+    "score_model",
     "use_history_secret",
     "with_resources",
 ]

@@ -36,6 +36,7 @@ from dlrover_kfp.steps.plan import plan_step
 from dlrover_kfp.steps.publish import PublishDecision, publish_step
 from dlrover_kfp.steps.record import read_profile, record_step
 from dlrover_kfp.steps.spec import (
+    EvaluationMismatchError,
     TrainingFailedError,
     load_job_spec,
     refuse_password_parameter,
@@ -43,6 +44,8 @@ from dlrover_kfp.steps.spec import (
 )
 
 if TYPE_CHECKING:
+    from dlrover_kfp.steps.evaluate import Evaluation
+    from dlrover_kfp.steps.score import ScoreResult
     from dlrover_kfp.steps.train import KubeOptions, OrchestratedRun
 
 
@@ -54,6 +57,9 @@ def _task_errors() -> Iterator[None]:
         yield
     except TrainingFailedError as exc:
         print(f"dlrover-kfp: training failed: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_FAILED_RUN) from None
+    except EvaluationMismatchError as exc:
+        print(f"dlrover-kfp: evaluation failed: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_FAILED_RUN) from None
     except PermanentError as exc:
         print(f"dlrover-kfp: error: {exc}", file=sys.stderr, flush=True)
@@ -297,15 +303,57 @@ def prepare_example_data(job_spec: str, data_path: str, rows: int, seed: int) ->
 
 
 def publish_model(
-    model_path: str, published: str, max_auc_drop: float, decision_path: str
+    model_path: str,
+    published: str,
+    max_auc_drop: float,
+    decision_path: str,
+    evaluation_path: str = "",
 ) -> PublishDecision:
-    """The publish gate on the model directory ``model_path``; the decision as JSON to
+    """The publish gate on the model directory ``model_path`` (judging the AUC of the evaluate
+    step's document ``evaluation_path`` when given); the decision as JSON to
     ``decision_path``. A refusal is logged, and the task succeeds."""
     with _task_errors():
-        decision = publish_step(model_path, published, max_auc_drop=max_auc_drop)
+        decision = publish_step(
+            model_path,
+            published,
+            max_auc_drop=max_auc_drop,
+            evaluation=evaluation_path or None,
+        )
         write_atomic(decision_path, json.dumps(dataclasses.asdict(decision), indent=2) + "\n")
     print(f"publish gate: {decision.reason}", flush=True)
     return decision
+
+
+# ---- score_model, evaluate_model ------------------------------------------------------------
+
+
+def score_model(
+    model_path: str, data_path: str, predictions_path: str, data_format: str
+) -> ScoreResult:
+    """Every row of ``data_path`` scored by the model directory ``model_path`` into the
+    Parquet file ``predictions_path`` (onnxruntime: steps/score.py)."""
+    from dlrover_kfp.steps.score import score_step  # noqa: PLC0415 (pyarrow, onnxruntime)
+
+    with _task_errors():
+        result = score_step(
+            model_path, data_path, predictions_path, data_format=data_format or None
+        )
+    print(json.dumps(result.to_dict()), flush=True)
+    return result
+
+
+def evaluate_model(
+    model_path: str, data_path: str, predictions_path: str, evaluation_path: str
+) -> Evaluation:
+    """The held-out rows of ``data_path`` scored by ``model_path``'s model.onnx; exit 1 when
+    they do not reproduce the train step's AUC (steps/evaluate.py), so nothing downstream
+    publishes it."""
+    from dlrover_kfp.steps.evaluate import evaluate_step  # noqa: PLC0415 (as above)
+
+    with _task_errors():
+        result = evaluate_step(model_path, data_path, predictions_path, evaluation_path)
+    print(json.dumps(result.to_dict()), flush=True)
+    return result
 
 
 # ---- record_profile --------------------------------------------------------------------------
@@ -330,5 +378,5 @@ def record_profile(
 
 
 __all__ = ["KfpRun", "PlanOutput", "RecordOutput", "TrainOutput", "check_kfp_value",
-           "data_location", "elastic_train", "plan_resources", "prepare_example_data",
-           "publish_model", "record_profile"]  # fmt: skip
+           "data_location", "elastic_train", "evaluate_model", "plan_resources",
+           "prepare_example_data", "publish_model", "record_profile", "score_model"]  # fmt: skip

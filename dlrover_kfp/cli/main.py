@@ -17,6 +17,7 @@ from dlrover_kfp import __version__
 from dlrover_kfp.cli import (
     cleanup_cmd,
     compile_cmd,
+    evaluate_cmd,
     history_cmd,
     model_cmd,
     plan_cmd,
@@ -35,6 +36,7 @@ _COMMANDS = (
     plan_cmd,
     run_cmd,
     score_cmd,
+    evaluate_cmd,
     cleanup_cmd,
     model_cmd,
     history_cmd,

@@ -26,7 +26,8 @@ _EPILOG = """\
 Examples:
   dlrover-kfp score --model runs/ctr-daily/model --data "days/day_23.tsv" --output scores.parquet
   dlrover-kfp score --model runs/ctr/model --data s3://clicks/2026-11-27/ --format parquet \\
-      --output predictions/2026-11-27.parquet"""
+      --output predictions/2026-11-27.parquet
+  dlrover-kfp score --model out/model --data data/ --held-out --output held_out.parquet"""
 
 
 def register(sub: Any) -> None:
@@ -54,6 +55,12 @@ def register(sub: Any) -> None:
         "--output", required=True, metavar="PATH", help="the Parquet file to write (atomically)"
     )
     parser.add_argument(
+        "--held-out",
+        action="store_true",
+        help="score only the rows the train step held out (model.json's held_out: the last "
+        "eval_fraction of each file); --data must be the files the model was trained on",
+    )
+    parser.add_argument(
         "--chunk-rows",
         type=positive_int,
         default=None,
@@ -67,7 +74,7 @@ def register(sub: Any) -> None:
 PROGRESS_INTERVAL_S = 2.0
 
 
-def _throttled(interval_s: float) -> Callable[[str], None]:
+def throttled(interval_s: float) -> Callable[[str], None]:
     """A progress printer that shows a line at most every ``interval_s`` (and the last one)."""
     last = [-interval_s]
 
@@ -88,8 +95,9 @@ def _run(args: argparse.Namespace) -> int:
         args.data,
         args.output,
         data_format=args.format,
-        progress=_throttled(PROGRESS_INTERVAL_S),
+        progress=throttled(PROGRESS_INTERVAL_S),
         chunk_rows=args.chunk_rows or CHUNK_ROWS,
+        held_out=args.held_out,
     )
     emit_json(result.to_dict())
     return 0

@@ -18,25 +18,57 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dlrover_kfp.core.documents import to_dict
 from dlrover_kfp.core.profile import Metrics
-from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.core.spec import DataSpec, JobSpec, SyntheticData
 from dlrover_kfp.files import write_atomic
 from dlrover_kfp.training import checkpoint as ckpt
-from dlrover_kfp.training.data import RowRange
-from dlrover_kfp.training.datasets import open_dataset
+from dlrover_kfp.training.data import Dataset, RowRange
+from dlrover_kfp.training.datasets import data_fingerprint, open_dataset
 
 if TYPE_CHECKING:
     from dlrover_kfp.training.model import FullDLRM
 
 #: Rows per evaluation batch.
 EVAL_BATCH = 8192
+
+#: How the held-out rows follow from ``held_out`` in model.json (training/data.py split_ranges).
+HELD_OUT_RULE = (
+    "per file of n rows (files sorted): the last floor(n * eval_fraction) rows, at least 1 when "
+    "eval_fraction > 0 and n >= 2"
+)
+
+
+def held_out_record(dataset: Dataset, eval_fraction: float, data: DataSpec) -> dict[str, Any]:
+    """``model.json``'s ``held_out``: which rows the run held out and of which files, so that
+    a later step (``dlrover-kfp evaluate``) scores exactly those rows with the exported model
+    and can tell when it is given other files. ``files`` (name and size) identify them when
+    the same bytes are read from another place (a KFP artifact downloaded into each task's
+    pod); ``fingerprint`` (:func:`~dlrover_kfp.training.datasets.data_fingerprint`) where
+    they are read from the same place; ``format`` how they were read (``data.format``);
+    ``synthetic`` the generator's rows and seed for generated rows (no files), which a later
+    step generates again."""
+    files = getattr(dataset, "files", None) or ()
+    generated = (
+        {"synthetic": {"rows": data.rows, "seed": data.seed}}
+        if isinstance(data, SyntheticData)
+        else {}
+    )
+    return {
+        "format": data.format,
+        **generated,
+        "eval_fraction": eval_fraction,
+        "rule": HELD_OUT_RULE,
+        "source_rows": [int(n) for n in dataset.source_rows],
+        "files": [{"name": f.url.rstrip("/").rsplit("/", 1)[-1], "size": f.size} for f in files],
+        "fingerprint": data_fingerprint(dataset),
+    }
 
 
 def preload_in_background() -> None:
@@ -108,10 +140,18 @@ def evaluate(model: FullDLRM, spec: JobSpec, base_dir: Path, ranges: Sequence[Ro
     )
 
 
-def save_model(model: FullDLRM, spec: JobSpec, step: int, metrics: Metrics, out: Path) -> None:
+def save_model(
+    model: FullDLRM,
+    spec: JobSpec,
+    step: int,
+    metrics: Metrics,
+    out: Path,
+    held_out: Mapping[str, Any] | None = None,
+) -> None:
     """``model.pt`` (the state dict), ``model.onnx`` (the same model for onnxruntime, see
     :mod:`~dlrover_kfp.training.onnx_model`) and, last, ``model.json``, which names both: a
-    reader that finds ``model.json`` finds the files it describes."""
+    reader that finds ``model.json`` finds the files it describes. ``held_out``
+    (:func:`held_out_record`): the rows ``metrics`` were measured on."""
     import torch  # noqa: PLC0415
 
     from dlrover_kfp.training import onnx_model  # noqa: PLC0415
@@ -130,6 +170,7 @@ def save_model(model: FullDLRM, spec: JobSpec, step: int, metrics: Metrics, out:
         "model": to_dict(spec.model),
         "step": step,
         "metrics": to_dict(metrics),
+        **({"held_out": dict(held_out)} if held_out is not None else {}),
         "state_dict": "model.pt (torch.load; keys dense.* and tables.N.weight)",
         "onnx": onnx_model.describe(spec, onnx_files),
     }
@@ -142,8 +183,9 @@ def evaluate_and_export(
     model_dir: Path,
     base_dir: Path,
     eval_ranges: Sequence[RowRange],
+    held_out: Mapping[str, Any] | None = None,
 ) -> tuple[Path, Metrics]:
     model, step = assemble_model(spec, checkpoint_dir)
     metrics = evaluate(model, spec, base_dir, eval_ranges)
-    save_model(model, spec, step, metrics, model_dir)
+    save_model(model, spec, step, metrics, model_dir, held_out)
     return model_dir, metrics

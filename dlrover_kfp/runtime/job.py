@@ -53,7 +53,11 @@ from dlrover_kfp.ports import (
 from dlrover_kfp.runtime import signals
 from dlrover_kfp.runtime.cancel import cancel_reason, first_reason
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
-from dlrover_kfp.runtime.export import evaluate_and_export, preload_in_background
+from dlrover_kfp.runtime.export import (
+    evaluate_and_export,
+    held_out_record,
+    preload_in_background,
+)
 from dlrover_kfp.runtime.liveness import FrozenPs, PsWatch, WatchedPs
 from dlrover_kfp.runtime.master import MasterService, MasterState
 from dlrover_kfp.runtime.metrics import serve_metrics
@@ -706,6 +710,7 @@ class JobRun(Generic[P]):
                 self.output_dir / "model",
                 self.base_dir,
                 self.eval_ranges,
+                held_out_record(self.dataset, self.settings.eval_fraction, self.spec.data),
             )
             self._check_data()  # the held-out rows were read from the files it trained on
             samples, _, loss_sum, bad = state.totals()

@@ -1,4 +1,4 @@
-"""The three steps of a scheduled-retraining pipeline: plan, train, record.
+"""The steps of a scheduled-retraining pipeline: plan, train, evaluate, record, publish.
 
 The Kubeflow Pipelines components (``components/``) and the Airflow operators
 (``airflow_plugin/``) are thin wrappers over these functions, so that a pipeline on either
@@ -12,8 +12,13 @@ orchestrator does what ``dlrover-kfp plan``, ``run`` and ``record`` do:
   jobs' measurements) but does not record: that is the record step's, so that a pipeline
   records each run once. A run that fails is recorded here, before the step fails, so that
   nothing is lost.
+* :func:`~dlrover_kfp.steps.evaluate.evaluate_step`: the exported ONNX model scores the rows
+  the train step held out (onnxruntime, no torch) and must reproduce the train step's AUC.
 * :func:`~dlrover_kfp.steps.record.record_step`: the run's profile into the history store;
   recording a run twice is a no-op.
+* :func:`~dlrover_kfp.steps.publish.publish_step`: the model copied to the published location
+  only when its evaluated AUC is not worse than the last published one's by more than a setting;
+  :func:`~dlrover_kfp.steps.score.score_step` scores any rows with a published model.
 
 A job spec is given as a string, the way both orchestrators pass parameters: a path to a YAML
 or JSON file, or the YAML document itself (:func:`~dlrover_kfp.steps.spec.load_job_spec`). A

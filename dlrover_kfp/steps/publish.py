@@ -16,8 +16,13 @@ take turns (an ``flock`` on ``.lock``), so the second compares with the first's 
 version's name is a digest of its files: publishing the same model again (a retried task) adds
 nothing. Earlier versions stay: rolling back is writing an older name into ``CURRENT``.
 
-"Evaluate" is the train step's: it scores the held-out rows with the trained model and writes
-their loss and AUC into ``model.json`` (``metrics``); :func:`read_model_metrics` reads them.
+The AUC judged is the evaluate step's when its document is given (``evaluation``: the
+held-out rows scored by the exported ``model.onnx``, which it checked against the train
+step's; :mod:`dlrover_kfp.steps.evaluate`), else the train step's own (``model.json``'s
+``metrics``, measured with torch in the master). A model published with its evaluation keeps
+it as ``versions/<name>/evaluation.json``, and is compared by that AUC later (like with like:
+the two differ by up to the evaluate step's 1e-4); one published without, by its
+``model.json``'s.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ VERSIONS: Final = "versions"
 LOCK: Final = ".lock"
 #: The model directory's description (written by the train step): its metrics are the gate's.
 MODEL_JSON: Final = "model.json"
+#: The evaluate step's document, kept in a version published with it.
+EVALUATION_JSON: Final = "evaluation.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,8 @@ class PublishDecision:
     #: the served version after this step (the new one when published)
     version: str | None
     location: str
+    #: who measured ``auc``: "evaluate" (model.onnx, the evaluate step) or "train" (model.json)
+    measured_by: str = "train"
 
 
 def read_model_metrics(model_dir: str | os.PathLike[str]) -> ModelMetrics:
@@ -88,6 +97,33 @@ def read_model_metrics(model_dir: str | os.PathLike[str]) -> ModelMetrics:
         loss=_number(metrics.get("loss"), path, "metrics.loss"),
         eval_rows=int(_number(metrics.get("eval_rows"), path, "metrics.eval_rows") or 0),
     )
+
+
+def read_evaluation(path: str | os.PathLike[str], model: Path | str) -> float | None:
+    """The held-out AUC of the evaluate step's document at ``path``, refused unless it is the
+    evaluation of ``model``: a model directory (its digest, :func:`version_name`), or the
+    digest itself (a published version's name)."""
+    where = Path(path)
+    try:
+        document = json.loads(read_text(where))
+    except ValueError:
+        raise UserInputError(f"{where}: not a JSON document") from None
+    if not isinstance(document, dict) or "model" not in document:
+        raise UserInputError(f"{where}: not an evaluate step's metrics (no 'model' digest)")
+    digest = model if isinstance(model, str) else version_name(model)
+    if document["model"] != digest:
+        raise UserInputError(
+            f"{where}: the evaluation of model {document['model']!r}, not of the model in "
+            f"{model} ({digest!r}); evaluate this model"
+        )
+    return _number(document.get("auc"), where, "auc")
+
+
+def served_auc(served: Path) -> float | None:
+    """The AUC a published version is judged by: its evaluation's when published with one."""
+    if (served / EVALUATION_JSON).is_file():
+        return read_evaluation(served / EVALUATION_JSON, served.name)
+    return read_model_metrics(served).auc
 
 
 def _number(value: object, path: Path, key: str) -> float | None:
@@ -134,34 +170,39 @@ def publish_step(
     published: str | os.PathLike[str],
     *,
     max_auc_drop: float = DEFAULT_MAX_AUC_DROP,
+    evaluation: str | os.PathLike[str] | None = None,
 ) -> PublishDecision:
-    """Publish the model in ``model_dir`` to ``published`` when its held-out AUC is at least
-    the served model's less ``max_auc_drop`` (:func:`~dlrover_kfp.core.gate.judge`); else
-    leave the served model. Returns the decision either way: a refusal is an outcome, not an
-    error. Bad input (no model.json, a location that is not a directory) raises
-    :class:`~dlrover_kfp.errors.UserInputError`."""
+    """Publish the model in ``model_dir`` to ``published`` when its held-out AUC (the
+    ``evaluation`` document's when given, see the module docstring) is at least the served
+    model's less ``max_auc_drop`` (:func:`~dlrover_kfp.core.gate.judge`); else leave the
+    served model. Returns the decision either way: a refusal is an outcome, not an error. Bad
+    input (no model.json, a location that is not a directory, the evaluation of another model)
+    raises :class:`~dlrover_kfp.errors.UserInputError`."""
     try:
         check_max_auc_drop(max_auc_drop)
     except ValueError as exc:
         raise UserInputError(str(exc)) from None
     source = Path(model_dir)
-    metrics = read_model_metrics(source)
+    auc = read_model_metrics(source).auc
+    if evaluation is not None:
+        auc = read_evaluation(evaluation, source)
     root = local_location(published)
     with _locked(root):
         served = current_version(root)
-        last_auc = read_model_metrics(served).auc if served is not None else None
-        verdict = judge(metrics.auc, last_auc, max_auc_drop)
+        last_auc = served_auc(served) if served is not None else None
+        verdict = judge(auc, last_auc, max_auc_drop)
         version = served.name if served is not None else None
         if verdict.publish:
-            version = _install(source, root)
+            version = _install(source, root, Path(evaluation) if evaluation else None)
             write_atomic(root / CURRENT, version + "\n")
     return PublishDecision(
         published=verdict.publish,
         reason=verdict.reason,
-        auc=metrics.auc,
+        auc=auc,
         last_auc=last_auc,
         version=version,
         location=str(root),
+        measured_by="train" if evaluation is None else "evaluate",
     )
 
 
@@ -197,10 +238,11 @@ def version_name(model_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def _install(model_dir: Path, root: Path) -> str:
-    """Copy ``model_dir`` to ``versions/<name>`` whole: into a temporary directory beside it,
-    each file flushed to disk, then one rename. A version already there is complete (only a
-    rename makes one), so a repeated publish copies nothing."""
+def _install(model_dir: Path, root: Path, evaluation: Path | None) -> str:
+    """Copy ``model_dir`` (and its ``evaluation``, as evaluation.json) to ``versions/<name>``
+    whole: into a temporary directory beside it, each file flushed to disk, then one rename. A
+    version already there is complete (only a rename makes one), so a repeated publish copies
+    nothing."""
     name = version_name(model_dir)
     target = root / VERSIONS / name
     if target.is_dir():
@@ -208,6 +250,8 @@ def _install(model_dir: Path, root: Path) -> str:
     incoming = Path(tempfile.mkdtemp(prefix=".incoming-", dir=root / VERSIONS))
     try:
         shutil.copytree(model_dir, incoming, dirs_exist_ok=True)
+        if evaluation is not None:
+            shutil.copyfile(evaluation, incoming / EVALUATION_JSON)
         for path in _files(incoming):
             with path.open("rb") as f:
                 os.fsync(f.fileno())
@@ -224,6 +268,7 @@ def _install(model_dir: Path, root: Path) -> str:
 __all__ = [
     "CURRENT",
     "DEFAULT_MAX_AUC_DROP",
+    "EVALUATION_JSON",
     "MODEL_JSON",
     "VERSIONS",
     "ModelMetrics",
@@ -231,6 +276,8 @@ __all__ = [
     "current_version",
     "local_location",
     "publish_step",
+    "read_evaluation",
     "read_model_metrics",
+    "served_auc",
     "version_name",
 ]

@@ -16,6 +16,11 @@ extra reads around each bad row.
 
 The file is written whole to a temporary name beside the target and then renamed, so a reader
 sees no file or the complete one.
+
+``held_out=True`` scores only the rows the train step held out (``model.json``'s ``held_out``:
+its ``eval_fraction``, and the files it trained on): the evaluate step
+(:mod:`dlrover_kfp.steps.evaluate`) checks with them that the exported model reproduces the
+train step's own evaluation.
 """
 
 from __future__ import annotations
@@ -33,11 +38,11 @@ import numpy as np
 import numpy.typing as npt
 
 from dlrover_kfp.core.documents import parse
-from dlrover_kfp.core.spec import CriteoData, DataColumns, ModelSpec, TableData
+from dlrover_kfp.core.spec import CriteoData, DataColumns, ModelSpec, SyntheticData, TableData
 from dlrover_kfp.errors import SpecError, UserInputError
 from dlrover_kfp.training import storage
-from dlrover_kfp.training.data import Batch, Dataset, RowRange
-from dlrover_kfp.training.datasets import open_dataset
+from dlrover_kfp.training.data import Batch, Dataset, RowRange, split_ranges
+from dlrover_kfp.training.datasets import data_fingerprint, open_dataset
 from dlrover_kfp.training.installed import SERVE_EXTRA, require_modules
 
 FloatArray = npt.NDArray[np.float32]
@@ -49,13 +54,30 @@ _PARQUET_SUFFIXES = (".parquet", ".parq", ".pq")
 
 
 @dataclass(frozen=True, slots=True)
+class HeldOut:
+    """``model.json``'s ``held_out`` (written by runtime/export.py ``held_out_record``): the
+    fraction of each file the train step held out, and the files it read (name, size, rows)."""
+
+    #: how the train step read the files (data.format), the default for reading them here
+    data_format: str
+    eval_fraction: float
+    source_rows: tuple[int, ...]
+    files: tuple[tuple[str, int], ...]
+    fingerprint: str
+    #: generated rows (data format synthetic): the generator's rows and seed
+    synthetic: SyntheticData | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ScoredModel:
     """What ``model.json`` says the scorer needs: the graph's path, the model's shape and the
-    columns of the data it was trained on."""
+    columns of the data it was trained on; ``held_out`` None for a model exported before
+    model.json recorded it."""
 
     onnx_path: Path
     model: ModelSpec
     columns: DataColumns
+    held_out: HeldOut | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +92,8 @@ class ScoreResult:
     auc: float | None
     loss: float | None
     seconds: float
+    #: only the rows the train step held out were scored
+    held_out: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +101,7 @@ class ScoreResult:
             "rows": self.rows,
             "bad_rows": self.bad_rows,
             "sources": self.sources,
+            "held_out": self.held_out,
             "auc": self.auc,
             "loss": self.loss,
             "seconds": round(self.seconds, 3),
@@ -109,7 +134,109 @@ def load_scored_model(model_dir: str | os.PathLike[str]) -> ScoredModel:
     for name in (onnx_path.name, data_file):
         if name and not (directory / name).is_file():
             raise UserInputError(f"--model: {directory / name} (named by model.json) is missing")
-    return ScoredModel(onnx_path=onnx_path, model=model, columns=columns)
+    held_out = _held_out(described.get("held_out"), described_path)
+    return ScoredModel(onnx_path=onnx_path, model=model, columns=columns, held_out=held_out)
+
+
+def _held_out(entry: object, path: Path) -> HeldOut | None:
+    if entry is None:
+        return None
+    bad = UserInputError(f"--model: {path}: a malformed 'held_out' entry")
+    if not isinstance(entry, dict):
+        raise bad
+    try:
+        return HeldOut(
+            data_format=str(entry["format"]),
+            eval_fraction=float(entry["eval_fraction"]),
+            source_rows=tuple(int(n) for n in entry["source_rows"]),
+            files=tuple((str(f["name"]), int(f["size"])) for f in entry["files"]),
+            fingerprint=str(entry.get("fingerprint") or ""),
+            synthetic=(
+                SyntheticData(rows=int(generated["rows"]), seed=int(generated["seed"]))
+                if (generated := entry.get("synthetic")) is not None
+                else None
+            ),
+        )
+    except (KeyError, TypeError, ValueError):
+        raise bad from None
+
+
+def held_out_ranges(dataset: Dataset, held_out: HeldOut, data: str) -> list[RowRange]:
+    """The rows the train step held out, in ``dataset``: the last ``eval_fraction`` of each
+    file, by the train step's own rule (``split_ranges``). Refused (one line naming the first
+    difference) unless ``dataset`` lists the files the model was trained on: the same listing
+    (fingerprint), or the same names, sizes and row counts read from another place."""
+    where = f"--data {storage.display(data)}"
+    same = bool(held_out.fingerprint) and data_fingerprint(dataset) == held_out.fingerprint
+    if not same:
+        difference = _first_difference(dataset, held_out)
+        if difference:
+            raise UserInputError(
+                f"{where}: not the files the model was trained on ({difference}); its held-out "
+                "rows are those of its training files"
+            )
+    rows = dataset.source_rows
+    return split_ranges(rows, max([1, *rows]), held_out.eval_fraction)[1]
+
+
+def held_out_rows(
+    scored: ScoredModel, data: str, data_format: str | None, base_dir: str | os.PathLike[str]
+) -> tuple[Dataset, list[RowRange]]:
+    """The dataset the model was trained on and its held-out rows: ``data`` read as the train
+    step read it (its ``data.format`` unless ``data_format`` says otherwise), or, for a model
+    trained on generated rows, the same rows generated again (``data`` must then be empty)."""
+    held_out = scored.held_out
+    if held_out is None:
+        raise UserInputError(
+            "--held-out: the model's model.json does not record its held-out rows (a model "
+            "exported before it did): train it again"
+        )
+    if held_out.synthetic is not None:
+        if data.strip():
+            raise UserInputError(
+                f"--data {storage.display(data)}: the model was trained on generated rows (data "
+                f"format synthetic, {held_out.synthetic.rows} rows, seed "
+                f"{held_out.synthetic.seed}), which are generated again here; give no data"
+            )
+        dataset = open_dataset(held_out.synthetic, scored.model)
+        return dataset, held_out_ranges(dataset, held_out, data)
+    if not data.strip():
+        raise UserInputError("--data: empty; give the files the model was trained on")
+    if data_format is None and held_out.data_format in FORMATS:
+        data_format = held_out.data_format
+    dataset = open_dataset(data_spec(data, data_format, scored.columns), scored.model, base_dir)
+    return dataset, held_out_ranges(dataset, held_out, data)
+
+
+def _first_difference(dataset: Dataset, held_out: HeldOut) -> str:
+    """How ``dataset``'s files differ from the trained ones ("" when only where they are read
+    from differs)."""
+    files = getattr(dataset, "files", None) or ()
+    listed = [
+        (f.url.rstrip("/").rsplit("/", 1)[-1], f.size, n)
+        for f, n in zip(files, dataset.source_rows, strict=False)
+    ]
+    trained = [(*f, n) for f, n in zip(held_out.files, held_out.source_rows, strict=False)]
+    if len(listed) != len(trained):
+        return f"{len(listed)} file(s), training read {len(trained)}"
+    for i, (got, want) in enumerate(zip(listed, trained, strict=True)):
+        if got != want:
+            return (
+                f"file {i} is {got[0]} of {got[1]} bytes and {got[2]} rows; training read "
+                f"{want[0]} of {want[1]} bytes and {want[2]} rows"
+            )
+    return ""
+
+
+def _guess(path: str, trained_on: str | None) -> str | None:
+    """The format of the rows to score when ``--format`` is not given and the path names no
+    file by its suffix (a directory, a prefix): the one the model was trained on (model.json's
+    held_out); else none, and :func:`data_spec` decides from the suffix and the columns.
+    Without this, a directory of Parquet files for a model trained on Parquet read as text."""
+    name = path.rstrip("/").lower().rsplit("/", 1)[-1]
+    if "." in name.lstrip(".") or "*" in name:
+        return None  # a suffix or a glob: data_spec reads it
+    return trained_on if trained_on in FORMATS else None
 
 
 def data_spec(path: str, data_format: str | None, columns: DataColumns) -> CriteoData | TableData:
@@ -234,8 +361,10 @@ def score_step(
     base_dir: str | os.PathLike[str] = ".",
     progress: Callable[[str], None] | None = None,
     chunk_rows: int = CHUNK_ROWS,
+    held_out: bool = False,
 ) -> ScoreResult:
-    """Score every row of ``data`` with the model in ``model_dir``; write the predictions to
+    """Score every row of ``data`` with the model in ``model_dir`` (``held_out``: only the
+    rows the train step held out, see :func:`held_out_ranges`); write the predictions to
     ``output`` (Parquet). ``progress`` gets a line per chunk."""
     require_modules(("onnxruntime", "pyarrow"), SERVE_EXTRA, "scoring")
     from dlrover_kfp.training.metrics import log_loss, roc_auc  # noqa: PLC0415 (scipy)
@@ -243,21 +372,27 @@ def score_step(
     started = time.monotonic()
     storage.check_url(output, "--output")
     scored = load_scored_model(model_dir)
-    dataset = open_dataset(data_spec(data, data_format, scored.columns), scored.model, base_dir)
+    if held_out:
+        dataset, ranges = held_out_rows(scored, data, data_format, base_dir)
+    else:
+        trained_on = scored.held_out.data_format if scored.held_out is not None else None
+        spec = data_spec(data, data_format or _guess(data, trained_on), scored.columns)
+        dataset = open_dataset(spec, scored.model, base_dir)
+        ranges = [RowRange(s, 0, n) for s, n in enumerate(dataset.source_rows) if n]
     session = _session(scored.onnx_path)
-    total = sum(dataset.source_rows)
+    total = sum(r.rows for r in ranges)
     out = ParquetOutput(output)
     labels: list[FloatArray] = []
     probs: list[FloatArray] = []
     done = 0
     try:
-        for source, n in enumerate(dataset.source_rows):
-            for start in range(0, n, chunk_rows):
-                chunk = RowRange(source, start, min(n, start + chunk_rows))
+        for rows in ranges:
+            for start in range(rows.start, rows.end, chunk_rows):
+                chunk = RowRange(rows.source, start, min(rows.end, start + chunk_rows))
                 for first, batch in good_rows(dataset, chunk):
                     feed = {"dense": batch.dense, "sparse": batch.sparse}
                     prob = np.asarray(session.run(["probability"], feed)[0], dtype=np.float32)
-                    out.write(source, first, batch.labels, prob)
+                    out.write(rows.source, first, batch.labels, prob)
                     labels.append(batch.labels)
                     probs.append(prob)
                 done += chunk.rows
@@ -278,4 +413,5 @@ def score_step(
         auc=None if auc is None else round(auc, 6),
         loss=round(log_loss(y, p), 6) if len(y) else None,
         seconds=time.monotonic() - started,
+        held_out=held_out,
     )

@@ -28,6 +28,12 @@ class TrainingFailedError(PermanentError):
     not in the train step's module, so that callers can catch it without importing torch."""
 
 
+class EvaluationMismatchError(PermanentError):
+    """The exported model does not reproduce the train step's evaluation
+    (:mod:`~dlrover_kfp.steps.evaluate`): it must not be published. A failed step (exit 1),
+    not bad input: retrying gives the same answer. Here for the reason above (numpy, pyarrow)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LoadedSpec:
     spec: JobSpec

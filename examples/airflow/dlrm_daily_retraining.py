@@ -1,4 +1,4 @@
-"""Daily retraining of a DLRM with dlrover-kfp: plan -> train -> record -> publish.
+"""Daily retraining of a DLRM with dlrover-kfp: plan -> train -> evaluate -> record -> publish.
 
 Every day the job is planned from the history of its earlier runs (Stage 1: the first run
 starts from the spec's own resources, later ones warm-start from what earlier runs used),
@@ -20,9 +20,12 @@ Parameters (trigger the DAG with a configuration to change them):
 - ``published``: the directory the model is published to (empty: ``published/<dag id>`` in
   the runs directory), and ``max_auc_drop``: the publish gate's tolerance.
 
-The publish task copies the trained model there only when its held-out AUC is at least the
-published model's less ``max_auc_drop``; a worse model is refused and the task is *skipped*
-(the published model stays). Each run is recorded either way.
+The evaluate task scores the rows the train task held out with the exported ``model.onnx``
+(onnxruntime) and fails, without retries, when their AUC is not the train task's within 1e-4:
+a broken export stops the run before it is recorded or published. The publish task copies the
+model there only when that evaluated AUC is at least the published model's less
+``max_auc_drop``; a worse model is refused and the task is *skipped* (the published model
+stays). Each evaluated run is recorded either way.
 
 The history store: the Airflow connection ``dlrover_kfp_history`` when one is configured
 (``docs/airflow.md``), else ``$DLROVER_KFP_HISTORY_URL``, else a SQLite file in the user data
@@ -41,6 +44,7 @@ from airflow.sdk import DAG, Param
 
 from airflow_plugin.operators import (
     ElasticTrainOperator,
+    EvaluateModelOperator,
     PlanResourcesOperator,
     PublishModelOperator,
     RecordProfileOperator,
@@ -126,6 +130,12 @@ with DAG(
         # wait in the triggerer, not a worker slot, whatever [operators] default_deferrable says
         deferrable=True,
     )
+    evaluate = EvaluateModelOperator(
+        task_id="evaluate",
+        model=train.output["model"],
+        data_path=DATA_PATH,  # the data the run trained on (none: generated rows, again)
+        retries=0,  # the same model scores the same rows the same way
+    )
     record = RecordProfileOperator(
         task_id="record",
         # the profile document (an XCom), not a path: the record task may run on another worker
@@ -137,5 +147,6 @@ with DAG(
         model=train.output["model"],
         published="{{ params.published }}",
         max_auc_drop="{{ params.max_auc_drop }}",
+        evaluation=evaluate.output["metrics"],  # the AUC model.onnx gave, not the trainer's
     )
-    train >> record >> publish
+    train >> evaluate >> record >> publish

@@ -1,5 +1,5 @@
 """Daily DLRM retraining on Kubeflow Pipelines, from dlrover-kfp's components:
-prepare data -> plan -> train (on that data) -> record -> publish (the gate).
+prepare data -> plan -> train (on that data) -> evaluate -> record -> publish (the gate).
 
 Compile it (no cluster needed), then upload the YAML in the KFP UI, or submit it:
 
@@ -24,10 +24,12 @@ cron_expression="0 0 2 * * *")``: each run warm-starts from the profiles of the 
 The data: ``prepare_example_data`` stands in for your own preparation step (replace it with any
 component that has a ``Dataset`` output: a file or a directory of Parquet/CSV files); its
 Dataset replaces the job spec's ``data.path``, so the spec's data format must be parquet (csv,
-tsv or criteo for such files). The model: ``publish_model`` copies it to ``published`` (default:
-a directory on the claim) only when its held-out AUC, which the train step measured into
-``model.json``, is at least the published model's less ``max_auc_drop``; the task's output is
-``published`` or ``refused``. ``backend=local`` runs the job's pods as processes of the train
+tsv or criteo for such files). The model: ``evaluate_model`` scores the rows the train step held
+out of that Dataset with the exported model.onnx (onnxruntime) and fails the run when their AUC
+is not the train step's within 1e-4 (a broken export is never published); ``publish_model``
+copies the model to ``published`` (default: a directory on the claim) only when that evaluated
+AUC is at least the published model's less ``max_auc_drop``; the task's output is ``published``
+or ``refused``. ``backend=local`` runs the job's pods as processes of the train
 task (``kfp.local``: tests/kfp/test_example_pipeline.py).
 """
 
@@ -39,6 +41,7 @@ from kfp.components import load_component_from_file
 
 from components.elastic_dlrm import (
     DEFAULT_HISTORY_SECRET,
+    SCORE_RESOURCES,
     STEP_RESOURCES,
     as_deployed,
     with_resources,
@@ -52,6 +55,7 @@ elastic_train = load_component_from_file(str(COMPONENTS / "elastic_train.yaml"))
 record_profile = load_component_from_file(str(COMPONENTS / "record_profile.yaml"))
 prepare_example_data = load_component_from_file(str(COMPONENTS / "prepare_example_data.yaml"))
 publish_model = load_component_from_file(str(COMPONENTS / "publish_model.yaml"))
+evaluate_model = load_component_from_file(str(COMPONENTS / "evaluate_model.yaml"))
 
 #: Where models are published by default: a directory on the claim the run's pods share.
 DEFAULT_PUBLISHED = f"{DEFAULT_MOUNT_PATH}/published/dlrm"
@@ -87,13 +91,22 @@ def dlrm_daily_retraining(
         kfp_run_id=run_id,
         kfp_task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
     )
+    # the exported model scored on the held-out rows: the run fails here if it is not the model
+    # the train step evaluated
+    evaluated = evaluate_model(model=trained.outputs["model"], data=prepared.outputs["data"])
+    evaluated.set_caching_options(enable_caching=False)
+    with_resources(evaluated, SCORE_RESOURCES)
     recorded = record_profile(profile=trained.outputs["profile"], kfp_run_id=run_id)
+    recorded.after(evaluated)
     # the Secret, caching off, resources, train's retry, and train as the job master: its pod
     # IP, name and uid, the claim its pods share, its image for them (kfp-kubernetes)
     as_deployed(planned, trained, recorded, claim=claim, history_secret=history_secret)
-    # the gate: the held-out AUC the train step measured, against the published model's
+    # the gate: the held-out AUC evaluate measured, against the published model's
     gate = publish_model(
-        model=trained.outputs["model"], published=published, max_auc_drop=max_auc_drop
+        model=trained.outputs["model"],
+        evaluation=evaluated.outputs["evaluation"],
+        published=published,
+        max_auc_drop=max_auc_drop,
     )
     gate.after(recorded)  # a run is recorded whether or not its model is published
     gate.set_caching_options(enable_caching=False)

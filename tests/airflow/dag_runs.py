@@ -38,6 +38,8 @@ XCOMS = (
     ("train", "_link_RunReportLink"),
     ("record", "return_value"),
     ("train", "model"),
+    ("evaluate", "return_value"),
+    ("evaluate", "metrics"),
     ("publish", "decision"),
     ("publish", "return_value"),
 )

@@ -22,8 +22,10 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, T
 from airflow_plugin.data import aws_environment, split_connection
 from airflow_plugin.operators import (
     ElasticTrainOperator,
+    EvaluateModelOperator,
     PlanResourcesOperator,
     PublishModelOperator,
+    ScoreModelOperator,
 )
 from dlrover_kfp.steps.spec import load_job_spec
 
@@ -268,3 +270,54 @@ def test_publish_fails_on_bad_input(
     kw.setdefault("model", _model(tmp_path / "m", 0.7))
     with pytest.raises(AirflowFailException, match=re.escape(message)):
         PublishModelOperator(task_id="publish", **kw).execute(_context())  # type: ignore[arg-type]
+
+
+def _exported(tmp_path: Path) -> tuple[Path, Path]:
+    """(model directory, data directory): JOB's model, untrained, exported as a run exports it
+    (model.onnx, and model.json with the held-out AUC torch measures on 500 Parquet rows)."""
+    from dlrover_kfp.core.documents import load_text, parse  # noqa: PLC0415
+    from dlrover_kfp.core.spec import JobSpec  # noqa: PLC0415
+    from dlrover_kfp.runtime.export import evaluate, held_out_record, save_model  # noqa: PLC0415
+    from dlrover_kfp.steps.example_data import write_example_parquet  # noqa: PLC0415
+    from dlrover_kfp.training.data import split_ranges  # noqa: PLC0415
+    from dlrover_kfp.training.datasets import open_dataset  # noqa: PLC0415
+    from dlrover_kfp.training.model import FullDLRM  # noqa: PLC0415
+
+    data = tmp_path / "data"
+    write_example_parquet(JOB, data, rows=500, seed=3)
+    spec = parse(JobSpec, load_text(JOB.replace("path: data/", f"path: {data}/"), "job"), "job")
+    dataset = open_dataset(spec.data, spec.model, tmp_path)
+    _, held_out = split_ranges(dataset.source_rows, 8192, 0.1)
+    model = FullDLRM(spec.model, seed=5)
+    metrics = evaluate(model, spec, tmp_path, held_out)
+    save_model(
+        model, spec, 0, metrics, tmp_path / "model", held_out_record(dataset, 0.1, spec.data)
+    )
+    return tmp_path / "model", data
+
+
+def test_score_and_evaluate_operators_run_the_exported_model_and_evaluate_fails_a_mismatch(
+    tmp_path: Path, runs: Path
+) -> None:
+    model, data = _exported(tmp_path)
+    context = _context()
+    score = ScoreModelOperator(
+        task_id="score",
+        model=str(model),
+        data_path=str(data),
+        predictions=str(tmp_path / "p.pq"),
+        # no data_format: a directory has no suffix; the model was trained on Parquet
+    )
+    summary = score.execute(context)  # type: ignore[arg-type]
+    assert (summary["rows"], summary["held_out"]) == (500, False)
+    evaluate = EvaluateModelOperator(task_id="evaluate", model=str(model), data_path=str(data))
+    metrics = evaluate.execute(context)  # type: ignore[arg-type]
+    assert metrics["rows"] == 50 and metrics["auc_difference"] <= 1e-4, metrics
+    pushed = context["ti"].xcom_push.call_args_list[-1].kwargs
+    assert pushed == {"key": "metrics", "value": str(tmp_path / "evaluation" / "metrics.json")}
+    # model.json's AUC is not what model.onnx gives: the task fails, without retries
+    described = json.loads((model / "model.json").read_text())
+    described["metrics"]["auc"] = round(metrics["auc"] + 0.01, 6)
+    (model / "model.json").write_text(json.dumps(described))
+    with pytest.raises(AirflowFailException, match="the exported model is not the trained one"):
+        evaluate.execute(context)  # type: ignore[arg-type]

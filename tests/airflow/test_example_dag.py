@@ -80,7 +80,13 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
     log = child.stdout + child.stderr
     assert child.returncode == 0, log[-6000:]
     first, second, bad, again = json.loads(child.stdout.strip().splitlines()[-1])
-    ok = {"plan": "success", "train": "success", "record": "success", "publish": "success"}
+    ok = {
+        "plan": "success",
+        "train": "success",
+        "evaluate": "success",
+        "record": "success",
+        "publish": "success",
+    }
     # a later day's model is published unless its AUC is worse (tests/airflow/test_publish_dag.py)
     later = {**ok, "publish": mock.ANY}
 
@@ -101,8 +107,17 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
     assert xcom["train._link_RunReportLink"] == (train_dir / "report.html").as_uri()
     assert "[DAG TEST] running trigger in line" in log
 
-    # the first model is published: its held-out AUC, into the runs directory's published/
+    # evaluate: model.onnx under onnxruntime on the held-out rows (generated again: the tiny
+    # job's data is synthetic) gives the train step's AUC
+    evaluated = xcom["evaluate.return_value"]
+    assert evaluated["rows"] == xcom["train.profile"]["metrics"]["eval_rows"] > 0
+    assert evaluated["auc_difference"] <= 1e-4, evaluated
+    assert xcom["evaluate.metrics"] == str(train_dir / "evaluation" / "metrics.json")
+
+    # the first model is published: its evaluated AUC, into the runs directory's published/
     assert xcom["publish.decision"]["published"] is True
+    assert xcom["publish.decision"]["auc"] == evaluated["auc"]
+    assert xcom["publish.decision"]["measured_by"] == "evaluate"
     published = runs / "published" / "dlrm_daily_retraining"
     assert (published / "CURRENT").read_text().strip() == xcom["publish.return_value"]
 
@@ -125,6 +140,7 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
     assert bad["tasks"] == {
         "plan": "failed",
         "train": "upstream_failed",
+        "evaluate": "upstream_failed",
         "record": "upstream_failed",
         "publish": "upstream_failed",
     }

@@ -101,7 +101,13 @@ def test_the_dag_reads_each_days_partition_from_s3_and_its_gate_refuses_a_worse_
     first, worse = json.loads(child.stdout.strip().splitlines()[-1])
 
     # Day 1: the day's partition on S3 replaced the spec's path; the first model is published.
-    ok = {"plan": "success", "train": "success", "record": "success", "publish": "success"}
+    ok = {
+        "plan": "success",
+        "train": "success",
+        "evaluate": "success",
+        "record": "success",
+        "publish": "success",
+    }
     assert (first["state"], first["tasks"]) == ("success", ok), log[-6000:]
     day_1 = runs / "dlrm_daily_retraining" / "2026-11-20" / "train"
     spec = yaml.safe_load((day_1 / "job.yaml").read_text())
@@ -109,8 +115,13 @@ def test_the_dag_reads_each_days_partition_from_s3_and_its_gate_refuses_a_worse_
     profile = first["xcom"]["train.profile"]
     assert profile["job"]["data"]["rows"] == ROWS  # counted from the partition's footers
     assert profile["outcome"]["samples_processed"] == ROWS * 9 // 10
+    # evaluate read the held-out rows from the bucket through the connection, with model.onnx
+    evaluated = first["xcom"]["evaluate.return_value"]
+    assert evaluated["rows"] == ROWS - ROWS * 9 // 10
+    assert evaluated["auc_difference"] <= 1e-4, evaluated
     decision = first["xcom"]["publish.decision"]
     assert decision["published"] is True and decision["last_auc"] is None
+    assert decision["measured_by"] == "evaluate" and decision["auc"] == evaluated["auc"]
     version = (published / "CURRENT").read_text().strip()
     assert version == first["xcom"]["publish.return_value"] == decision["version"]
 

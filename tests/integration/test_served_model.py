@@ -330,3 +330,112 @@ def test_score_runs_without_torch(trained: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["rows"] == 200
     assert pq.read_metadata(out).num_rows == 200
+
+
+# ---- the evaluate step: the exported model must reproduce the run's held-out evaluation ----
+
+
+def _evaluate(
+    capsys: pytest.CaptureFixture[str], model: Path, data: str, out: Path
+) -> tuple[int, str]:
+    """``dlrover-kfp evaluate`` in this process: (exit code, stderr); files into ``out``."""
+    code = main(
+        ["evaluate", "--model", str(model), "--data", data,
+         "--predictions", str(out / "held_out.parquet"), "--metrics", str(out / "metrics.json")]
+    )  # fmt: skip
+    return code, capsys.readouterr().err
+
+
+def test_evaluate_reproduces_the_run_and_the_gate_judges_its_auc(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dlrover_kfp.steps.publish import publish_step  # noqa: PLC0415
+
+    model = trained / "out" / "model"
+    described = json.loads((model / "model.json").read_text())
+    assert described["held_out"]["eval_fraction"] == 0.1
+    assert described["held_out"]["source_rows"] == [200, 200, 200]
+    # The same files read from another place (a KFP artifact downloaded into another pod):
+    # other paths and times, the same names, sizes and rows.
+    elsewhere = tmp_path / "copy"
+    shutil.copytree(trained / "data", elsewhere)
+    code, err = _evaluate(capsys, model, str(elsewhere), tmp_path)
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    print(
+        f"\nevaluate: held-out rows {metrics['rows']}; AUC onnxruntime {metrics['auc']}, run "
+        f"{metrics['train_auc']} (difference {metrics['auc_difference']}); "
+        f"{metrics['seconds']} s"
+    )
+    assert metrics["rows"] == described["metrics"]["eval_rows"] == 60
+    assert metrics["auc_difference"] <= 1e-4
+    assert metrics["train_auc"] == described["metrics"]["auc"]
+    held_out = pq.read_table(tmp_path / "held_out.parquet")
+    assert held_out.column("row").to_pylist() == [*range(180, 200)] * 3
+    decision = publish_step(model, tmp_path / "published", evaluation=tmp_path / "metrics.json")
+    assert decision.published and decision.measured_by == "evaluate"
+    assert decision.auc == metrics["auc"]
+    kept = tmp_path / "published" / "versions" / str(decision.version) / "evaluation.json"
+    assert json.loads(kept.read_text()) == metrics  # what the next model is judged against
+
+
+def test_evaluate_catches_a_broken_export_and_the_gate_never_publishes_it(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """model.onnx of another model beside this run's model.json: training's AUC still reads
+    well; evaluate fails (exit 1) and writes no metrics, and the gate refuses the good model's
+    evaluation for it."""
+    from dlrover_kfp.steps.publish import UserInputError, publish_step  # noqa: PLC0415
+    from dlrover_kfp.training import onnx_model  # noqa: PLC0415
+    from dlrover_kfp.training.model import FullDLRM  # noqa: PLC0415
+
+    good = trained / "out" / "model"
+    code, err = _evaluate(capsys, good, str(trained / "data"), tmp_path)
+    assert code == 0, err
+    spec = parse(JobSpec, load_text((trained / "job.yaml").read_text(), "job"), "job")
+    other = onnx_model.save_onnx(
+        onnx_model.dlrm_weights(FullDLRM(spec.model, seed=7)), tmp_path / "other"
+    )
+    broken = tmp_path / "broken"
+    shutil.copytree(good, broken)
+    shutil.copy(tmp_path / "other" / other.file, broken / "model.onnx")
+    (tmp_path / "out").mkdir()
+    code, err = _evaluate(capsys, broken, str(trained / "data"), tmp_path / "out")
+    assert code == 1
+    (line,) = [x for x in err.splitlines() if "rows read" not in x]  # one line, not progress
+    assert "the exported model is not the trained one; not publishable" in line, err
+    assert not (tmp_path / "out" / "metrics.json").exists()
+    # the KFP component fails its task the same way (exit 1), and writes no evaluation
+    from components.glue import evaluate_model  # noqa: PLC0415
+
+    with pytest.raises(SystemExit) as failed:
+        evaluate_model(
+            str(broken), str(trained / "data"), str(tmp_path / "kfp.parquet"), str(tmp_path / "e")
+        )
+    assert failed.value.code == 1 and not (tmp_path / "e").exists()
+    with pytest.raises(UserInputError, match=r"the evaluation of model .*, not of the model in"):
+        publish_step(broken, tmp_path / "published", evaluation=tmp_path / "metrics.json")
+    assert not (tmp_path / "published" / "CURRENT").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("a file less", "not the files the model was trained on (2 file(s), training read 3)"),
+        ("a file rewritten", "file 2 is c_day.tsv of"),
+    ],
+)
+def test_evaluate_refuses_other_files_than_the_run_trained_on(
+    trained: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], change: str, message: str
+) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(trained / "data", data)
+    if change == "a file less":
+        (data / "a_sample.csv").unlink()
+    else:
+        lines = (data / "c_day.tsv").read_text().splitlines()
+        (data / "c_day.tsv").write_text("\n".join(lines[:-1]) + "\n")
+    code, err = _evaluate(capsys, trained / "out" / "model", str(data), tmp_path)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "metrics.json").exists()

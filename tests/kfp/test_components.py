@@ -300,8 +300,8 @@ def test_the_example_pipeline_compiles_with_the_master_wiring(tmp_path: Path) ->
     compiler.Compiler().compile(module["dlrm_daily_retraining"], str(tmp_path / "ex.yaml"))
     pipeline, platform = yaml.safe_load_all((tmp_path / "ex.yaml").read_text(encoding="utf-8"))
     assert set(pipeline["root"]["dag"]["tasks"]) == {
-        "prepare-example-data", "plan-resources", "elastic-train", "record-profile",
-        "publish-model",
+        "prepare-example-data", "plan-resources", "elastic-train", "evaluate-model",
+        "record-profile", "publish-model",
     }  # fmt: skip
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert executors["exec-elastic-train"]["pvcMount"][0]["mountPath"] == "/var/lib/dlrover-kfp"

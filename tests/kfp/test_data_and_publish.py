@@ -38,9 +38,16 @@ def test_the_new_components_load_with_the_interface_users_wire() -> None:
     assert set(prepare.inputs) == {"job_spec", "rows", "seed"}
     assert set(prepare.outputs) == {"data"}
     publish = load_component_from_file(str(HERE / "publish_model.yaml")).component_spec
-    assert set(publish.inputs) == {"model", "published", "max_auc_drop"}
+    assert set(publish.inputs) == {"model", "published", "max_auc_drop", "evaluation"}
     assert publish.inputs["max_auc_drop"].default == 0.005
+    assert publish.inputs["evaluation"].optional  # without it, the train step's AUC
     assert set(publish.outputs) == {"decision", "Output"}
+    score = load_component_from_file(str(HERE / "score_model.yaml")).component_spec
+    assert set(score.inputs) == {"model", "data", "data_format"}
+    assert set(score.outputs) == {"predictions"}
+    evaluate = load_component_from_file(str(HERE / "evaluate_model.yaml")).component_spec
+    assert set(evaluate.inputs) == {"model", "data"}
+    assert set(evaluate.outputs) == {"predictions", "metrics", "evaluation"}
 
 
 def test_the_example_pipeline_prepares_trains_on_the_dataset_records_and_publishes(
@@ -51,15 +58,24 @@ def test_the_example_pipeline_prepares_trains_on_the_dataset_records_and_publish
     pipeline, platform = yaml.safe_load_all((tmp_path / "ex.yaml").read_text(encoding="utf-8"))
     tasks = pipeline["root"]["dag"]["tasks"]
     assert set(tasks) == {
-        "prepare-example-data", "plan-resources", "elastic-train", "record-profile",
-        "publish-model",
+        "prepare-example-data", "plan-resources", "elastic-train", "evaluate-model",
+        "record-profile", "publish-model",
     }  # fmt: skip
     for task in ("plan-resources", "elastic-train"):  # the plan sizes the data train reads
         data = tasks[task]["inputs"]["artifacts"]["data"]["taskOutputArtifact"]
         assert data == {"outputArtifactKey": "data", "producerTask": "prepare-example-data"}
     model = tasks["publish-model"]["inputs"]["artifacts"]["model"]["taskOutputArtifact"]
     assert model == {"outputArtifactKey": "model", "producerTask": "elastic-train"}
-    assert set(tasks["publish-model"]["dependentTasks"]) == {"elastic-train", "record-profile"}
+    # evaluate reads the model and the Dataset it was trained on; the gate judges its AUC
+    evaluate = tasks["evaluate-model"]["inputs"]["artifacts"]
+    assert evaluate["data"]["taskOutputArtifact"]["producerTask"] == "prepare-example-data"
+    assert evaluate["model"]["taskOutputArtifact"]["producerTask"] == "elastic-train"
+    judged = tasks["publish-model"]["inputs"]["artifacts"]["evaluation"]["taskOutputArtifact"]
+    assert judged == {"outputArtifactKey": "evaluation", "producerTask": "evaluate-model"}
+    assert set(tasks["record-profile"]["dependentTasks"]) == {"elastic-train", "evaluate-model"}
+    assert set(tasks["publish-model"]["dependentTasks"]) == {
+        "elastic-train", "evaluate-model", "record-profile",
+    }  # fmt: skip
     assert tasks["publish-model"]["cachingOptions"] == {}  # off
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert executors["exec-publish-model"]["pvcMount"][0]["mountPath"] == "/var/lib/dlrover-kfp"

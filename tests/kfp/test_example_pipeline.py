@@ -1,6 +1,6 @@
 """The example pipeline (examples/kfp/pipeline.py) run by KFP itself, offline (``kfp.local``,
-a subprocess per task): prepare -> plan -> train on the prepared Parquet Dataset -> record ->
-publish gate, on the local backend.
+a subprocess per task): prepare -> plan -> train on the prepared Parquet Dataset -> evaluate
+(model.onnx on the held-out rows) -> record -> publish gate, on the local backend.
 
 Day 1 trains on the Dataset (not on the spec's own data.path, which names nothing) and
 publishes the first model. Day 2 trains a deliberately worse model on the same data (a learning
@@ -75,16 +75,24 @@ def test_the_example_pipeline_trains_on_its_dataset_publishes_and_refuses_a_wors
     profile = json.loads(_artifact(kfp_local, "elastic-train", "profile").read_text("utf-8"))
     assert profile["outcome"]["status"] == "succeeded"
     assert profile["outcome"]["samples_processed"] == ROWS * 9 // 10  # 10% held out
+    # evaluate: model.onnx (onnxruntime) on the rows train held out of the same Dataset
+    evaluation = json.loads(_artifact(kfp_local, "evaluate-model", "evaluation").read_text())
+    assert evaluation["rows"] == ROWS // 10
+    assert evaluation["auc_difference"] <= 1e-4, evaluation
     decision = json.loads(_artifact(kfp_local, "publish-model", "decision").read_text("utf-8"))
     assert decision["published"] is True, decision
     assert decision["last_auc"] is None
+    assert decision["measured_by"] == "evaluate" and decision["auc"] == evaluation["auc"]
     first_auc = decision["auc"]
     assert 0.6 < first_auc <= 1.0, decision
     current = (published / "CURRENT").read_text("utf-8").strip()
     assert current == decision["version"]
     served = published / "versions" / current
     assert {"model.json", "model.pt"} <= {p.name for p in served.iterdir()}
-    assert json.loads((served / "model.json").read_text("utf-8"))["metrics"]["auc"] == first_auc
+    trained_auc = json.loads((served / "model.json").read_text("utf-8"))["metrics"]["auc"]
+    assert abs(trained_auc - first_auc) <= 1e-4
+    # published with its evaluation: the next run is judged against the evaluated AUC
+    assert json.loads((served / "evaluation.json").read_text("utf-8"))["auc"] == first_auc
     with open_history(f"sqlite:///{tmp_path / 'history.db'}") as store:
         assert [s.run_id for s in store.list()] == [profile["run_id"]]  # recorded
 

@@ -22,6 +22,7 @@ from dlrover_kfp.steps.publish import (
     current_version,
     publish_step,
     read_model_metrics,
+    version_name,
 )
 
 
@@ -73,6 +74,25 @@ def test_the_first_model_is_published_then_a_worse_one_is_refused_and_a_better_o
     assert (better.published, better.last_auc) == (True, 0.70)
     assert current_version(published).name == better.version != first.version  # type: ignore[union-attr]
     assert read_model_metrics(current_version(published)).auc == 0.71  # type: ignore[arg-type]
+
+
+def test_the_gate_judges_the_evaluated_auc_and_keeps_it_for_the_next_model(
+    tmp_path: Path,
+) -> None:
+    """With the evaluate step's document, its AUC is judged (not model.json's), the version
+    keeps it, and the next model is compared with it; another model's evaluation is refused."""
+    published = tmp_path / "published"
+    day1 = _model(tmp_path / "day1", 0.70, seed=1)
+    evaluation = tmp_path / "evaluation.json"
+    evaluation.write_text(json.dumps({"model": version_name(day1), "auc": 0.6999}))
+    first = publish_step(day1, published, evaluation=evaluation)
+    assert (first.published, first.auc, first.measured_by) == (True, 0.6999, "evaluate")
+    served = current_version(published)
+    assert served is not None and (served / "evaluation.json").read_text() == evaluation.read_text()
+    later = publish_step(_model(tmp_path / "day2", 0.6949, seed=2), published)
+    assert (later.published, later.last_auc, later.measured_by) == (True, 0.6999, "train")
+    with pytest.raises(UserInputError, match=r"the evaluation of model '[0-9a-f]+', not of"):
+        publish_step(_model(tmp_path / "day3", 0.9, seed=3), published, evaluation=evaluation)
 
 
 def test_a_model_without_an_auc_is_refused_even_first(tmp_path: Path) -> None:
