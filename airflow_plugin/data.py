@@ -20,7 +20,6 @@ chain (its role, ``~/.aws``) applies, as with the provider.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -28,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_plugin.hooks import connection_extra
 from dlrover_kfp.errors import UserInputError
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def aws_environment(conn: Connection) -> dict[str, str]:
             "an 'aws' connection (login: access key id, password: secret access key, extra: "
             "endpoint_url, region_name)"
         )
-    extra = _extra(conn)
+    extra = connection_extra(conn)
     env = {
         "AWS_ACCESS_KEY_ID": conn.login or str(extra.get("aws_access_key_id") or ""),
         "AWS_SECRET_ACCESS_KEY": conn.password or str(extra.get("aws_secret_access_key") or ""),
@@ -94,19 +94,6 @@ def aws_environment(conn: Connection) -> dict[str, str]:
         "AWS_ENDPOINT_URL": str(extra.get("endpoint_url") or extra.get("host") or ""),
     }
     return {k: v for k, v in env.items() if v}
-
-
-def _extra(conn: Connection) -> dict[str, object]:
-    """``extra`` as a dict; the message leaves the text out (it may hold secrets)."""
-    if not conn.extra or not conn.extra.strip():
-        return {}
-    try:
-        extra = json.loads(conn.extra)
-    except ValueError:
-        extra = None
-    if not isinstance(extra, dict):
-        raise UserInputError(f"connection {conn.conn_id!r}: extra is not a JSON object")
-    return extra
 
 
 def resolve_data_location(data_path: str, data_conn_id: str | None = None) -> DataLocation:

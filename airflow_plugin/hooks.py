@@ -57,7 +57,7 @@ def history_url_from_connection(conn: Connection) -> str:
     Raises :class:`~dlrover_kfp.errors.UserInputError` naming the connection (never its
     password) when it describes no store.
     """
-    extra = _extra(conn)
+    extra = connection_extra(conn)
     conn_type = (conn.conn_type or "").lower()
     if extra.get(_URL_KEY):
         return _explicit_url(conn, str(extra[_URL_KEY]))
@@ -91,7 +91,7 @@ def history_url_from_connection(conn: Connection) -> str:
     )
 
 
-def _extra(conn: Connection) -> dict[str, Any]:
+def connection_extra(conn: Connection) -> dict[str, Any]:
     """The connection's ``extra`` as a dict. Parsed here rather than by ``extra_dejson``, which
     logs bad JSON and carries on with nothing; the message leaves the text out (it may hold
     secrets)."""
