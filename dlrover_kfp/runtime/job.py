@@ -951,7 +951,7 @@ class JobRun(Generic[P]):
         """Fail the run when a data file changed under it (rewritten, appended to, removed):
         its shards are row ranges of the files as they were, so the rows trained since would
         be others than the ledger counts; a stat per file per sample is cheap."""
-        now = data_files(self.dataset)
+        now = data_files(self.dataset, now=True)
         changed = [
             f"{key[len('data.file[') : -1]} ({self.inputs.get(key)} -> {value})"
             for key, value in now.items()

@@ -37,7 +37,7 @@ from dlrover_kfp.runtime.leftovers import reap_leftovers
 from dlrover_kfp.runtime.reserve import RESERVE_FILE
 from dlrover_kfp.runtime.runfile import unfinished_run_id
 from dlrover_kfp.training.data import Dataset
-from dlrover_kfp.training.storage import display
+from dlrover_kfp.training.storage import current, display
 
 log = logging.getLogger(__name__)
 
@@ -195,12 +195,17 @@ def run_inputs(
     return out
 
 
-def data_files(dataset: Dataset) -> dict[str, str]:
+def data_files(dataset: Dataset, *, now: bool = False) -> dict[str, str]:
     """``data.file[URL] -> "N bytes, modified T"`` (a local file) or ``"N bytes, version V"``
     (an object: its ETag or generation) for each file of a file dataset, as listed when the
-    dataset was opened ({} for generated data)."""
+    dataset was opened, or with ``now`` as the store holds it now (``"missing"`` when gone)
+    ({} for generated data)."""
     out = {}
-    for f in getattr(dataset, "files", None) or ():
+    for listed in getattr(dataset, "files", None) or ():
+        f = current(listed) if now else listed
+        if f is None:
+            out[f"data.file[{display(listed.url)}]"] = "missing"
+            continue
         if "://" in f.url:
             out[f"data.file[{display(f.url)}]"] = f"{f.size} bytes, version {f.version}"
             continue

@@ -494,6 +494,22 @@ def _pread(descriptor: int, start: int, end: int) -> bytes:
     return b"".join(parts)
 
 
+def current(f: StoredFile) -> StoredFile | None:
+    """``f`` as the store holds it now (its size and version), ``None`` when it is gone; ``f``
+    itself when the store cannot say (unreachable): a check of the data during a run must not
+    fail the run for a probe that did not get through. A stat for a local file, a HEAD for an
+    object."""
+    fs, path, local = _location(f.url)
+    try:
+        info = fs.info(path)
+    except FileNotFoundError:
+        return None
+    except Exception:  # unknown is not changed (see the docstring)
+        return f
+    version = _local_version(path) if local else _version(info)
+    return StoredFile(url=f.url, size=int(info["size"]), version=version)
+
+
 def _check_unchanged(f: StoredFile, fs: Any, path: str, local: bool) -> None:
     info = fs.info(path)
     size = int(info["size"])

@@ -329,3 +329,21 @@ def test_throttling_and_server_errors_are_transient(code: str, status: int, expe
 
     assert isinstance(error, DataUnavailableError)
     assert str(error) == f"s3://b/k: the object store at http://store:9000 {expected}"
+
+
+def test_current_tells_a_rewritten_or_removed_object_and_keeps_an_unknown_one(
+    s3_bucket: Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the master checks while a job trains (runtime/job.py _check_data): the object as
+    the store holds it now; a store it cannot reach is not a change."""
+    url = s3_bucket.put("x/a.csv", b"0,1\n")
+    (listed,) = storage.resolve(url, ".")
+    assert storage.current(listed) == listed
+    s3_bucket.put("x/a.csv", b"1,0\n")  # the same size, another ETag
+    now = storage.current(listed)
+    assert now is not None and now.size == listed.size and now.version != listed.version
+    s3_bucket.server.client().delete_object(Bucket=s3_bucket.name, Key="x/a.csv")
+    assert storage.current(listed) is None
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    assert storage.current(listed) == listed
