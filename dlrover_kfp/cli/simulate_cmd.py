@@ -67,6 +67,14 @@ def register(sub: Any) -> None:
         help="nodes = X times the size the trace is sized for (default 1; at least one node)",
     )
     parser.add_argument(
+        "--relaunch-s",
+        type=positive_float,
+        default=FaultSettings().relaunch_s,
+        metavar="S",
+        help="seconds a pod relaunch (or a profiled configuration's pod start) pauses a job "
+        f"(default {FaultSettings().relaunch_s:g}, DLRover-RM's ~3 minutes; docs/simulator.md)",
+    )
+    parser.add_argument(
         "--objective",
         choices=("cost", "fastest"),
         default=None,
@@ -159,7 +167,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.synthetic is not None and args.synthetic < 1:
         raise UserInputError(f"--synthetic: must be at least 1, got {args.synthetic}")
     out = Path(args.output)
-    faults = FaultSettings(stragglers=args.stragglers == "pai")
+    faults = FaultSettings(stragglers=args.stragglers == "pai", relaunch_s=args.relaunch_s)
     _planner(args)  # a bad floor fails before anything runs
     with TerminalProgress("policies simulated") as progress:
         runs = _simulate(args, policies, faults, progress)

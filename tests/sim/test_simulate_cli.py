@@ -27,6 +27,11 @@ def test_synthetic_comparison_writes_results_and_the_trace(
     for metrics in document["policies"].values():
         assert set(metrics) == set(METRICS)
         assert 0.0 <= metrics["completion_rate"]["mean"] <= 1.0
+    # What each policy did is counted: manual never learns, relaunches a pod alone or plans
+    # below its own request (tests/sim/test_counters.py checks the counts where they are not 0).
+    manual = document["policies"]["manual"]
+    for counter in ("warm_started", "relaunches", "self_inflicted_ooms"):
+        assert manual[counter] == {"mean": 0.0, "low": 0.0, "high": 0.0, "stdev": 0.0}
     assert [s["seed"] for s in document["per_seed"]] == [0, 1]
     for plot in ("jct_cdf.svg", "utilisation.svg"):
         text = (out / plot).read_text()
@@ -78,12 +83,14 @@ def test_family_stragglers_scale_and_objective_reach_the_run(
     out = tmp_path / "out"
     argv = ["simulate", "--synthetic", "12", "--family", "trainer", "--stragglers", "off"]
     argv += ["--cluster-scale", "0.5", "--objective", "cost", "--throughput-floor", "0.6"]
+    argv += ["--relaunch-s", "60"]
     code = main([*argv, "--policies", "manual,dlrover-kfp", "--output", str(out)])
     _, stderr = capsys.readouterr()
     assert code == 0, stderr
     document = json.loads((out / "results.json").read_text())
     assert document["source"] == "synthetic 12 jobs (trainer)"
     assert document["faults"]["stragglers"] is False
+    assert document["faults"]["relaunch_s"] == 60.0
     assert document["cluster_scale"] == 0.5
     assert document["planner"] == {"objective": "cost", "throughput_floor": 0.6}
     full = read_trace(out / "trace.jsonl")
@@ -92,6 +99,8 @@ def test_family_stragglers_scale_and_objective_reach_the_run(
     code = main(["simulate", "--synthetic", "12", "--policies", "manual", "--output", str(out)])
     _, again = capsys.readouterr()
     assert nodes == max(1, round(int(again.split(" jobs on ")[1].split(" nodes")[0]) * 0.5))
+    # The relaunch cost's default is DLRover-RM's ~3 minutes.
+    assert json.loads((out / "results.json").read_text())["faults"]["relaunch_s"] == 180.0
 
 
 @pytest.mark.parametrize("flag", ["--cluster-scale", "--throughput-floor"])

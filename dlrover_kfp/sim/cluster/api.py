@@ -14,6 +14,17 @@ Failure semantics differ by policy family and are part of the policy (``elastic`
   retry limit, like a static TFJob;
 * elastic (``dlrover-oss``, ``dlrover-kfp``): the runtime relaunches only the failed pod;
   workers lose at most their leased shard, a PS restores from its flash checkpoint.
+
+**One time base.** Every time the protocol passes is in *trace seconds*, seconds since the
+trace starts: the ``now`` of :meth:`Policy.initial`, :attr:`JobView.now`,
+:attr:`JobView.submitted_at` (the job's ``arrival_s``) and :attr:`JobView.started_at`. A policy
+that keeps history dates it and prunes it on that clock. Only the profiles handed to
+:meth:`Policy.finished` carry wall-clock timestamps (``JobProfile.started_at`` is
+``EPOCH + trace seconds``, as a real profile's ISO time), and a policy that hands ``now`` to code
+that compares it with such timestamps (the planner's history store) adds :data:`EPOCH` itself.
+Two clocks mixed in one policy was a real bug: dlrover-oss dated its history in trace seconds
+but was started with ``EPOCH + t`` and pruned every entry as 56 years old, so no job of it ever
+warm-started.
 """
 
 from __future__ import annotations
@@ -27,6 +38,10 @@ from dlrover_kfp.core.profile import JobEvent, JobProfile, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
 
 Role = Literal["worker", "ps"]
+
+#: The wall-clock time of the trace's second 0, for profiles (which need wall-clock
+#: timestamps): 2026-01-01T00:00:00Z.
+EPOCH = 1_767_225_600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +90,8 @@ class Policy(Protocol):
         ...
 
     def initial(self, spec: JobSpec, now: float) -> ResourcePlan:
-        """The plan a job starts with (may use the history of finished jobs)."""
+        """The plan a job starts with (may use the history of finished jobs); ``now`` in trace
+        seconds, as every time of this protocol."""
         ...
 
     def decide(self, job: JobView) -> ResourcePlan | None:
@@ -114,6 +130,15 @@ class JobOutcome:
     profile_s: float = 0.0
     #: the reason of every pod failure (OOMKilled, Evicted, Error, NodeLost), in order
     failures: tuple[str, ...] = ()
+    #: the job started from a plan its policy drew from the history of earlier jobs
+    #: (its first plan's stage is ``warm_start``)
+    warm_started: bool = False
+    #: OOM kills the user's own request would have avoided
+    #: (:func:`~dlrover_kfp.sim.cluster.engine.request_would_hold`)
+    self_inflicted_ooms: int = 0
+    #: single pods relaunched (elastic policies: after a failure, or a straggler replaced);
+    #: whole-job restarts are ``restarts``
+    relaunches: int = 0
 
     @property
     def jct(self) -> float | None:

@@ -52,12 +52,9 @@ from dlrover_kfp.core.profile import (
     profile_job,
 )
 from dlrover_kfp.core.summary import format_timestamp
-from dlrover_kfp.sim.cluster.api import JobOutcome, JobView, Policy, Role
+from dlrover_kfp.sim.cluster.api import EPOCH, JobOutcome, JobView, Policy, Role
 from dlrover_kfp.sim.cluster.stragglers import StragglerModel
 from dlrover_kfp.sim.cluster.trace import TraceJob
-
-#: The simulated clock's epoch (profiles need wall-clock timestamps): 2026-01-01T00:00:00Z.
-EPOCH = 1_767_225_600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +100,11 @@ class FaultSettings:
     restart_resize_s: float = 300.0
     #: seconds of work a PS failure loses under flash checkpoints (half their interval)
     flash_loss_s: float = 150.0
-    #: seconds an elastic pod relaunch pauses the job
-    relaunch_s: float = 60.0
+    #: seconds an elastic pod relaunch pauses the job (and a pod start costs a profiled
+    #: configuration). DLRover-RM's own figure: its hot-PS experiment starts a new PS with about
+    #: 1 min of flash save and 2 of load (docs/baselines.md), so ~3 minutes; was 60 s before
+    #: issue 30. ``dlrover-kfp simulate --relaunch-s`` sets it.
+    relaunch_s: float = 180.0
     #: OOM kills an elastic job survives (relaunched with its policy's plan) before it fails
     elastic_oom_limit: int = 5
     #: relative noise of measured throughput and CPU
@@ -133,12 +133,16 @@ class _Run:
     plans: list[AppliedPlan] = field(default_factory=list)
     restarts: int = 0
     ooms: int = 0
+    self_inflicted_ooms: int = 0
+    relaunches: int = 0
     resizes: int = 0
     next_decision: float = 0.0
     straggler: tuple[float, float, float, int] | None = None  # onset, end, factor, worker
     slowdowns: tuple[float, ...] = ()
     profiled: dict[tuple[int, int], float] = field(default_factory=dict)
     profile_s: float = 0.0
+    #: (start, end, cores used) of each profiled configuration's training, in trace seconds
+    profile_use: list[tuple[float, float, float]] = field(default_factory=list)
     hot: bool = False
     step: int = 0
     finished_at: float | None = None
@@ -290,7 +294,8 @@ class Simulation:
 
     def _start(self, run: _Run, t: float) -> bool:
         if run.plan is None:
-            run.plan = self._within_cluster(self.policy.initial(run.job.spec, EPOCH + t))
+            # trace seconds, the protocol's one time base (api.py)
+            run.plan = self._within_cluster(self.policy.initial(run.job.spec, t))
             run.plans.append(self._applied(run.plan, 0.0))
         placement = self._place(run.plan)
         if placement is None and self.policy.elastic:
@@ -333,7 +338,9 @@ class Simulation:
     def _profile(self, run: _Run, t: float) -> None:
         """Run the configurations the policy asks to profile, a few steps each, before the job
         trains at its plan: each costs a pod start (``relaunch_s``) and its steps, trains at its
-        own throughput meanwhile, and is measured with the usual noise."""
+        own throughput meanwhile, and is measured with the usual noise. The job is paused for
+        all of it; the cores each configuration uses while it trains are noted, so that the
+        paused steps count them (:meth:`_profiling_cpu`)."""
         plans = getattr(self.policy, "profile_plans", None)
         if plans is None or run.plan is None:
             return
@@ -349,11 +356,14 @@ class Simulation:
             ):
                 continue  # profiling runs inside the pods the job was given
             w, p = plan.workers.count, plan.ps.count
-            x = truth.throughput(w, p, plan.workers.cpu, plan.ps.cpu, batch)
+            x, wu, pu = truth.evaluate(w, p, plan.workers.cpu, plan.ps.cpu, batch)
             if x <= 0:
                 continue
             steps = f.profile_warmup_steps + f.profile_steps
             seconds = steps * w * batch / x
+            began = t + run.profile_s + f.relaunch_s  # its pods start, then it trains
+            cores = w * min(plan.workers.cpu, wu) + p * min(plan.ps.cpu, pu)
+            run.profile_use.append((began, began + seconds, cores))
             run.profile_s += f.relaunch_s + seconds
             run.progress = min(1.0, run.progress + x * seconds / run.total)
             run.profiled[(w, p)] = max(0.0, x * self.rng.gauss(1.0, f.noise))
@@ -458,7 +468,9 @@ class Simulation:
             run.samples.append(sample)
             cpu_used = sum(n.cpu_used for n in sample.nodes)
             mem_used = float(sum(n.memory_used_mb for n in sample.nodes))
-        else:  # paused pods hold their memory but do no work
+        else:  # paused pods hold their memory; they work only over the step's active part
+            cpu_used = self._cpu_used(run, wu, pu) * active / step
+            cpu_used += self._profiling_cpu(run, t, t + step) / step
             mem_used = float(w * min(worker_mem, plan.workers.memory_mb))
             mem_used += min(hot_mem, plan.ps.memory_mb) + (p - 1) * min(ps_mem, plan.ps.memory_mb)
         if run.progress >= 1.0:
@@ -552,6 +564,29 @@ class Simulation:
             nodes=tuple(nodes),
         )
 
+    def _cpu_used(self, run: _Run, wu: float, pu: float) -> float:
+        """Cores the job's pods use while they train, without measurement noise: each worker
+        ``wu``, each PS ``pu`` (the hot one ``1 + hot_ps_imbalance`` times that), each capped at
+        its request, as :meth:`_sample` reports them.
+
+        A step with a pause in it (a relaunch, a resize, a PS move) counts this for its active
+        part only: over the pause the pods are held but idle (cpu used = 0), over the rest they
+        train, ``used = cores · active / step``, the paper's accounting of CPU actually used.
+        """
+        assert run.plan is not None
+        plan = run.plan
+        workers = plan.workers.count * min(plan.workers.cpu, wu)
+        hot = pu * (1.0 + self.faults.hot_ps_imbalance) if run.hot else pu
+        ps = min(plan.ps.cpu, hot) + (plan.ps.count - 1) * min(plan.ps.cpu, pu)
+        return workers + ps
+
+    @staticmethod
+    def _profiling_cpu(run: _Run, start: float, end: float) -> float:
+        """Core-seconds the job's profiled configurations used between ``start`` and ``end``
+        (trace seconds): ``Σ cores · overlap``, each configuration over its training only (its
+        pod start uses none)."""
+        return sum(cores * max(0.0, min(end, b) - max(start, a)) for a, b, cores in run.profile_use)
+
     def _resize_pause(self) -> float:
         f = self.faults
         return f.elastic_resize_s if self.policy.elastic else f.restart_resize_s
@@ -612,6 +647,8 @@ class Simulation:
         f = self.faults
         if reason == "OOMKilled":
             run.ooms += 1
+            if request_would_hold(run.job, role, snapshot=self.policy.elastic):
+                run.self_inflicted_ooms += 1
         self._event(run, t, "oom" if reason == "OOMKilled" else "failure", role, reason)
         new = self.policy.after_failure(self._view(run, t), role, reason)
         if self.policy.elastic:
@@ -624,6 +661,7 @@ class Simulation:
                 x, _, _ = self._rates(run)
                 run.progress = max(0.0, run.progress - x * lost / run.total)
             run.pause_until = max(run.pause_until, t + f.relaunch_s)
+            run.relaunches += 1
             self._event(run, t, "relaunch", role, f"{role} relaunched after {reason}")
             if new is not None:
                 self._resize(run, new, t, pause=f.relaunch_s)
@@ -684,6 +722,7 @@ class Simulation:
             # One worker of w restarts while the others train on: its share of a relaunch.
             share = self.faults.relaunch_s / max(1, plan.workers.count)
             run.pause_until = max(run.pause_until, t + share)
+            run.relaunches += 1
             self._event(run, t, "relaunch", "worker", f"{action.node} replaced: {action.reason}")
             done = True
         return done
@@ -727,7 +766,32 @@ class Simulation:
             resizes=run.resizes,
             profile_s=run.profile_s,
             failures=tuple(e.detail for e in run.events if e.kind in ("oom", "failure")),
+            warm_started=bool(run.plans) and run.plans[0].stage is Stage.WARM_START,
+            self_inflicted_ooms=run.self_inflicted_ooms,
+            relaunches=run.relaunches,
         )
+
+
+def request_would_hold(job: TraceJob, role: Role, *, snapshot: bool) -> bool:
+    """Whether the user's own request holds ``role``'s memory for the whole job, on the truth.
+
+    * worker: the truth's worker memory (constant over the job) is within the user's worker
+      memory;
+    * PS: the truth's largest PS (PS 0, which holds ``1 + imbalance`` times its share) with the
+      user's PS count, at the end of training, is within the user's PS memory. PS memory only
+      grows with progress (``MemoryTruth``), so the end is the peak: the request never OOMs.
+      ``snapshot``: the runtime keeps flash-checkpoint snapshots (an elastic policy's does), so
+      the question is asked of the same runtime the killed pod ran in.
+
+    An OOM kill of ``role`` is *self-inflicted* when this holds: the user's request would have
+    held the role for the whole job and the policy's plan (its count and memory) did not. Manual's
+    kills are never self-inflicted (its plan is the request, in a runtime without snapshots).
+    """
+    memory = job.truth.memory
+    if role == "worker":
+        return memory.worker_mb <= job.workers.to_group().memory_mb
+    ps = job.ps.to_group()
+    return memory.ps_used_mb(1.0, ps.count, 0, snapshot=snapshot) <= ps.memory_mb
 
 
 def stage_of(plan: ResourcePlan) -> Stage:

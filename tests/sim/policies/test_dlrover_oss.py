@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
@@ -14,6 +15,8 @@ from dlrover_kfp.sim.cluster.api import JobView
 from dlrover_kfp.sim.cluster.policies.dlrover_oss import (
     DlroverOssPolicy,
     DlroverOssSettings,
+    _Window,
+    current_window,
     drop_ps_spikes,
     major_cluster,
     major_mean,
@@ -190,6 +193,25 @@ def test_ps_spikes_are_dropped() -> None:
     window[2] = sample(window[2].time, plan, [0.4, 0.9])
     kept = drop_ps_spikes(window, S.spike_factor)
     assert [s.time for s in kept] == [60.0, 120.0, 240.0, 300.0]
+
+
+def test_the_window_kept_between_decisions_is_the_current_window() -> None:
+    # The policy keeps each job's window up to date from the samples added since its last
+    # decision; at every point it must equal the window read from all the samples.
+    small, large = make_plan(workers=4), make_plan(workers=8)
+    bare = dataclasses.replace(sample(0.0, small, 0.4), nodes=())  # no PS data: skipped
+    samples: list[RuntimeSample] = []
+    window = _Window()
+    plans = [small] * 4 + [large] * 3 + [small] * 3 + [large] * 2
+    for k, at in enumerate(plans):
+        samples.append(bare if k == 2 else sample(60.0 * k, at, 0.4))
+        for plan in (small, large):
+            assert window.update(samples, plan) == current_window(samples, plan)
+    assert [s.time for s in window.update(samples, large)] == [600.0, 660.0]
+    # A new list of samples (a restarted job's) starts the window afresh.
+    assert window.update(samples, small) == []
+    fresh = samples[7:10]
+    assert window.update(fresh, small) == current_window(fresh, small) != []
 
 
 def test_worker_speed_ratio_of_the_last_scale_up() -> None:

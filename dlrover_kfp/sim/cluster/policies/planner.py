@@ -30,7 +30,7 @@ from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.history.memory import InMemoryHistoryStore
 from dlrover_kfp.planning import plan_job_with_history
 from dlrover_kfp.ports import FixedClock
-from dlrover_kfp.sim.cluster.api import JobView, Role
+from dlrover_kfp.sim.cluster.api import EPOCH, JobView, Role
 
 
 @dataclass
@@ -69,7 +69,9 @@ class PlannerPolicy:
         self.pending: dict[str, list[_JobState]] = {}
 
     def initial(self, spec: JobSpec, now: float) -> ResourcePlan:
-        plan, known = plan_job_with_history(spec, self.store, FixedClock(now), self.settings)
+        # The store dates profiles in wall-clock time (EPOCH + trace seconds): one clock.
+        clock = FixedClock(EPOCH + now)
+        plan, known = plan_job_with_history(spec, self.store, clock, self.settings)
         state = _JobState(ctx=context_from_spec(spec, self.settings), known=known)
         self.pending.setdefault(spec.name, []).append(state)
         return plan
