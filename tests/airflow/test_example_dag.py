@@ -12,7 +12,6 @@ was checked by hand (docs/airflow.md).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 pytest.importorskip("airflow.sdk", reason="the airflow extra is not installed")
 
 from dlrover_kfp.history import open_history
+from tests.airflow.dag_env import migrated_airflow_env
 from tests.airflow.jobs import tiny_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,21 +48,7 @@ def test_the_example_dag_retrains_daily_from_its_own_history(tmp_path: Path) -> 
     (tmp_path / "bad.yaml").write_text(BAD_JOB)
     history = tmp_path / "history.db"
     runs = tmp_path / "runs"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "DLROVER_KFP"))}
-    env.update(
-        AIRFLOW_HOME=str(tmp_path / "airflow"),
-        AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "examples" / "airflow"),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{tmp_path}/airflow.db",
-        DLROVER_KFP_HISTORY_URL=f"sqlite:///{history}",
-        DLROVER_KFP_RUNS_DIR=str(runs),
-    )
-    airflow_cli = Path(sys.executable).parent / "airflow"
-    migrate = subprocess.run(
-        [str(airflow_cli), "db", "migrate"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
+    env = migrated_airflow_env(tmp_path)
 
     # Run 1 finds the store through $DLROVER_KFP_HISTORY_URL; from run 2 on the connection
     # dlrover_kfp_history names it while the variable names an empty decoy.

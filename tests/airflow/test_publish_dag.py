@@ -27,6 +27,7 @@ import yaml
 pytest.importorskip("airflow.sdk", reason="the airflow extra is not installed")
 
 from dlrover_kfp.steps.example_data import write_example_parquet
+from tests.airflow.dag_env import migrated_airflow_env
 from tests.airflow.jobs import tiny_job
 from tests.storage_server import ACCESS_KEY_ID, REGION, SECRET_ACCESS_KEY, MotoServer, new_bucket
 
@@ -55,18 +56,9 @@ def test_the_dag_reads_each_days_partition_from_s3_and_its_gate_refuses_a_worse_
             bucket.put_file(f"clicks/dt={day}/{path.name}", path)
     runs = tmp_path / "runs"
     published = tmp_path / "published"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("AIRFLOW", "DLROVER_KFP", "AWS_", "GOOGLE_"))
-    }
-    env.update(
-        AIRFLOW_HOME=str(tmp_path / "airflow"),
-        AIRFLOW__CORE__DAGS_FOLDER=str(ROOT / "examples" / "airflow"),
-        AIRFLOW__CORE__LOAD_EXAMPLES="False",
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{tmp_path}/airflow.db",
-        DLROVER_KFP_HISTORY_URL=f"sqlite:///{tmp_path / 'history.db'}",
-        DLROVER_KFP_RUNS_DIR=str(runs),
+    env = migrated_airflow_env(
+        tmp_path,
+        drop=("AIRFLOW", "DLROVER_KFP", "AWS_", "GOOGLE_"),
         AIRFLOW_CONN_MINIO=json.dumps(
             {
                 "conn_type": "aws",
@@ -80,12 +72,6 @@ def test_the_dag_reads_each_days_partition_from_s3_and_its_gate_refuses_a_worse_
         AWS_CONFIG_FILE=os.devnull,
         AWS_EC2_METADATA_DISABLED="true",
     )
-    airflow_cli = Path(sys.executable).parent / "airflow"
-    migrate = subprocess.run(
-        [str(airflow_cli), "db", "migrate"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
     child = subprocess.run(
         [
             sys.executable, str(ROOT / "tests" / "airflow" / "dag_runs.py"),
