@@ -137,10 +137,13 @@ def test_an_under_provisioned_job_is_scaled_up_and_trains_every_row_once(tmp_pat
     scaled = [shape for shape in shapes[1:] if len(shape) >= 2]
     assert shapes[0] and scaled, (shapes, [(p.time, p.reason) for p in profile.plans])
     # The first step alone doubles the worker's CPU (0.25 -> 0.5, the PS kept at 0.25): 2x
-    # at best, measured 1.98-2.4x; later steps, when the run lasts long enough to measure
-    # them, more. 1.8x is the first step's doubling less the noise of two-sample medians.
+    # at best, measured 1.98-2.4x on a quiet machine, 1.70x in a CI run on a busy one (the
+    # first shape's two samples 32.5k and 48.8k: a 0.25-core quota makes one-second samples
+    # noisy); later steps, when the run lasts long enough to measure them, more. A resize that
+    # did not reach the pod's CPU limit measures ~1.0x: 1.5x separates the two with room for
+    # the noise of two-sample medians.
     best = max(statistics.median(shape) for shape in scaled)
-    assert best >= 1.8 * statistics.median(shapes[0]), shapes
+    assert best >= 1.5 * statistics.median(shapes[0]), shapes
     assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
 
 
