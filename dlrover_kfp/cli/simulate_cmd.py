@@ -19,6 +19,7 @@ from dlrover_kfp.sim.cluster.results import aggregate, format_table
 from dlrover_kfp.sim.cluster.runner import Comparison, compare, parse_policies
 from dlrover_kfp.sim.cluster.trace import (
     FAMILIES,
+    QUOTA_REGIMES,
     TraceJob,
     cluster_size_for,
     read_trace,
@@ -28,6 +29,13 @@ from dlrover_kfp.sim.cluster.trace import (
 
 DEFAULT_POLICIES = "manual,optimus,dlrover-oss,dlrover-kfp"
 
+#: The table's first line: which quota regime its figures are from.
+REGIME_LINES = {
+    "headroom": "quota regime: headroom (each job's quota as the trace gives it)",
+    "request": "quota regime: request (every policy held to the user's own request in CPU and "
+    "memory, as manual is)",
+}
+
 
 def register(sub: Any) -> None:
     parser = sub.add_parser(
@@ -35,10 +43,12 @@ def register(sub: Any) -> None:
         help="compare manual, optimus, dlrover-oss and dlrover-kfp on a simulated cluster",
         description="Replay a job trace (or a synthetic one) on a simulated cluster once per "
         "policy and seed, and compare job completion time, completion rate and CPU and memory "
-        "utilisation. Writes OUTPUT/results.json, OUTPUT/trace.jsonl (the trace of the first seed) "
+        "utilisation. Writes OUTPUT/results.json, OUTPUT/trace.jsonl (the trace of the first seed, "
+        "its quotas as generated or read, whatever --quota) "
         "and the plots OUTPUT/jct_cdf.svg and OUTPUT/utilisation.svg (first seed), and prints "
         "the comparison table; progress goes to stderr.",
         epilog="Examples:\n  dlrover-kfp simulate --synthetic 500 --seeds 3 --output sim-out\n"
+        "  dlrover-kfp simulate --synthetic 500 --quota request --output sim-request\n"
         "  dlrover-kfp simulate --trace jobs.jsonl --policies manual,dlrover-kfp --output out",
         formatter_class=HELP_FORMAT,
     )
@@ -67,6 +77,14 @@ def register(sub: Any) -> None:
         help="nodes = X times the size the trace is sized for (default 1; at least one node)",
     )
     parser.add_argument(
+        "--quota",
+        choices=QUOTA_REGIMES,
+        default="headroom",
+        help="each job's quota: as the trace gives it (headroom, default; synthetic traces "
+        "1.5-3x the request), or the user's own request in CPU and memory, the resources manual "
+        "runs with (request); docs/simulator.md",
+    )
+    parser.add_argument(
         "--relaunch-s",
         type=positive_float,
         default=FaultSettings().relaunch_s,
@@ -90,7 +108,10 @@ def register(sub: Any) -> None:
         f"planner's, {AutoScaleSettings().throughput_floor:g})",
     )
     parser.add_argument(
-        "--policies", default=DEFAULT_POLICIES, help=f"comma separated (default {DEFAULT_POLICIES})"
+        "--policies",
+        default=DEFAULT_POLICIES,
+        help=f"comma separated (default {DEFAULT_POLICIES}); also the references oracle-0.9 and "
+        "oracle-0.7, which are handed each job's truth (docs/simulator.md, 'The oracle')",
     )
     parser.add_argument("--output", required=True, metavar="DIR", help="where results go")
     parser.set_defaults(func=_run)
@@ -147,10 +168,19 @@ def _simulate(
         progress(
             f"seed {seed}: {len(jobs)} jobs on {cluster.nodes} nodes x "
             f"{cluster.node_cpu:g} cpu / {cluster.node_memory_mb // 1024} GiB; "
-            f"policies {', '.join(policies)}"
+            f"policies {', '.join(policies)}; quota {args.quota}"
         )
         runs.append(
-            compare(jobs, policies, cluster, faults, seed, progress=done, planner=_planner(args))
+            compare(
+                jobs,
+                policies,
+                cluster,
+                faults,
+                seed,
+                progress=done,
+                planner=_planner(args),
+                quota=args.quota,
+            )
         )
         if seed == args.seed:
             out.mkdir(parents=True, exist_ok=True)
@@ -181,6 +211,7 @@ def _run(args: argparse.Namespace) -> int:
         ],
         "source": args.trace or f"synthetic {args.synthetic} jobs ({args.family})",
         "cluster_scale": args.cluster_scale,
+        "quota": args.quota,
         "planner": {
             "objective": (args.objective or AutoScaleSettings().objective),
             "throughput_floor": (args.throughput_floor or AutoScaleSettings().throughput_floor),
@@ -189,6 +220,7 @@ def _run(args: argparse.Namespace) -> int:
         "faults": {k: getattr(faults, k) for k in faults.__dataclass_fields__},
     }
     write_atomic(out / "results.json", json.dumps(document, indent=2) + "\n")
+    print(REGIME_LINES[args.quota])
     print(format_table(table))
     print(f"wrote {out / 'results.json'}", file=sys.stderr)
     return 0

@@ -57,24 +57,23 @@ def abandoned_configs(samples: Sequence[RuntimeSample]) -> frozenset[Config]:
     return frozenset(runs[i] for i in range(1, len(runs) - 1) if runs[i + 1] in runs[:i])
 
 
-def worker_cpu_floor(
-    observations: Sequence[Observation], current: Config, headroom: float
-) -> float:
-    """Mean cores a worker uses at the current configuration, with headroom: a plan that gives
-    less would certainly slow it down. 0 when unknown."""
-    now = [o for o in observations if o.config == current and o.worker_cpu_used is not None]
-    if not now or now[-1].worker_cpu_used is None:
-        return 0.0
-    return now[-1].worker_cpu_used * (1 + headroom)
+def cores_per_sample(observations: Sequence[Observation], role: str) -> float | None:
+    """Core-seconds the pods of ``role`` spend per sample, all of them together, the largest
+    seen: c = max(n · u / X) over the observations (n pods each using u cores at X samples/s).
+    None when no observation says.
 
-
-def ps_cores_per_sample(observations: Sequence[Observation]) -> float | None:
-    """PS CPU (all PS together) used per sample/s, the largest seen: k = max(p · u_p / X)."""
-    ratios = [
-        o.config.ps * o.ps_cpu_used / o.throughput
-        for o in observations
-        if o.ps_cpu_used is not None and o.throughput > 0
-    ]
+    The work per sample is what a role's cores must keep up with whatever their number and
+    size (search.CpuBounds); the largest reading is kept because averages understate bursts.
+    """
+    ratios = []
+    for o in observations:
+        n, used = (
+            (o.config.workers, o.worker_cpu_used)
+            if role == "worker"
+            else (o.config.ps, o.ps_cpu_used)
+        )
+        if used is not None and o.throughput > 0:
+            ratios.append(n * used / o.throughput)
     return max(ratios) if ratios else None
 
 

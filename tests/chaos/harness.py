@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import signal
@@ -159,7 +160,10 @@ MODEL = (
 PLANNER = PlannerSettings(
     node=NodeLimits(min_cpu=0.25, cpu_step=0.25, min_memory_mb=512),
     auto_scale=dataclasses.replace(
-        PlannerSettings().auto_scale, min_interval_s=8.0, min_samples=10_000
+        PlannerSettings().auto_scale,
+        min_interval_s=8.0,
+        min_samples=10_000,
+        leave_start_z=math.inf,  # no early exit from the start plan either (issue 30)
     ),
     post_scale=dataclasses.replace(
         PlannerSettings().post_scale, hung_lease_min_s=5.0, starved_ps_samples=2

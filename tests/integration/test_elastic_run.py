@@ -41,7 +41,9 @@ PLANNER = PlannerSettings(
 #: The same, with Stage 2 waiting for more samples than any of these jobs has: for the tests
 #: about relaunches, where a resize would only get in the way.
 QUIET = dataclasses.replace(
-    PLANNER, auto_scale=dataclasses.replace(PLANNER.auto_scale, min_samples=10_000)
+    PLANNER,
+    # leave_start_z inf: nor does the start plan's early exit (issue 30) resize them
+    auto_scale=dataclasses.replace(PLANNER.auto_scale, min_samples=10_000, leave_start_z=math.inf),
 )
 
 
@@ -285,7 +287,10 @@ def test_a_hot_ps_moves_to_a_new_pod_while_training_goes_on(tmp_path: Path) -> N
     hot = dataclasses.replace(
         QUIET,
         post_scale=dataclasses.replace(
-            QUIET.post_scale, hot_ps_utilization=0.0, hot_ps_cpu_growth=1.0
+            QUIET.post_scale,
+            hot_ps_utilization=0.0,
+            hot_ps_cpu_growth=1.0,
+            hot_ps_peer_ratio=0.0,  # issue 30: no peer condition (every PS, a lone one too)
         ),
     )
     runs: list[JobRun[ElasticPolicy]] = []

@@ -16,6 +16,7 @@ Each measures the stall it bounds and prints it (``-s`` shows the figures).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import threading
@@ -44,7 +45,10 @@ MODEL = (
 #: Stage 2 never resizes (more samples than any of these jobs has): only the fault acts.
 QUIET = PlannerSettings(
     node=NodeLimits(min_cpu=0.25, cpu_step=0.25, min_memory_mb=512),
-    auto_scale=dataclasses.replace(PlannerSettings().auto_scale, min_samples=10_000),
+    # leave_start_z inf: nor does the start plan's early exit (issue 30) resize anything
+    auto_scale=dataclasses.replace(
+        PlannerSettings().auto_scale, min_samples=10_000, leave_start_z=math.inf
+    ),
 )
 #: Seconds the replacement of a frozen PS may take once it is found: the PS and the workers
 #: stopped and started again, each a Python process loading torch (~2 s of CPU; 5-8 s on a
@@ -141,7 +145,10 @@ def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) ->
     hot = dataclasses.replace(
         QUIET,
         post_scale=dataclasses.replace(
-            QUIET.post_scale, hot_ps_utilization=0.0, hot_ps_cpu_growth=1.0
+            QUIET.post_scale,
+            hot_ps_utilization=0.0,
+            hot_ps_cpu_growth=1.0,
+            hot_ps_peer_ratio=0.0,  # issue 30: no peer condition (every PS, a lone one too)
         ),
     )
     seen: dict[str, float] = {}

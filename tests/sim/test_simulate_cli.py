@@ -77,17 +77,20 @@ def test_bad_input_is_one_line_and_exit_2(
     assert len(err.strip().splitlines()) == 1, err
 
 
-def test_family_stragglers_scale_and_objective_reach_the_run(
+def test_family_stragglers_scale_objective_and_quota_reach_the_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out"
     argv = ["simulate", "--synthetic", "12", "--family", "trainer", "--stragglers", "off"]
     argv += ["--cluster-scale", "0.5", "--objective", "cost", "--throughput-floor", "0.6"]
-    argv += ["--relaunch-s", "60"]
+    argv += ["--relaunch-s", "60", "--quota", "request"]
     code = main([*argv, "--policies", "manual,dlrover-kfp", "--output", str(out)])
-    _, stderr = capsys.readouterr()
+    stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
+    assert stdout.startswith("quota regime: request (every policy held to the user's own request")
     document = json.loads((out / "results.json").read_text())
+    assert document["quota"] == "request"
+    assert "infeasible_jobs" in document["policies"]["dlrover-kfp"]
     assert document["source"] == "synthetic 12 jobs (trainer)"
     assert document["faults"]["stragglers"] is False
     assert document["faults"]["relaunch_s"] == 60.0
@@ -97,7 +100,9 @@ def test_family_stragglers_scale_and_objective_reach_the_run(
     assert all(j.truth.throughput.family == "trainer" for j in full)
     nodes = int(stderr.split(" jobs on ")[1].split(" nodes")[0])
     code = main(["simulate", "--synthetic", "12", "--policies", "manual", "--output", str(out)])
-    _, again = capsys.readouterr()
+    table, again = capsys.readouterr()
+    assert table.startswith("quota regime: headroom")
+    assert json.loads((out / "results.json").read_text())["quota"] == "headroom"
     assert nodes == max(1, round(int(again.split(" jobs on ")[1].split(" nodes")[0]) * 0.5))
     # The relaunch cost's default is DLRover-RM's ~3 minutes.
     assert json.loads((out / "results.json").read_text())["faults"]["relaunch_s"] == 180.0

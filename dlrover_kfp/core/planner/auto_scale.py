@@ -22,8 +22,10 @@ observe (samples) -> decide (this module, pure) -> apply (the runtime). Each dec
    that role's CPU per pod (to ``probe_factor`` of it, not below mean use x 1.25) and lets the
    next measurement judge. Averages of CPU use cannot tell whether fewer cores suffice
    (bursts), a measurement can; and once measured the model knows the slope there;
-7. otherwise, if the pods' measured memory shows a much smaller need, right-sizes memory
-   alone (see :func:`memory_needs`; growth and give-back steps carry it along);
+7. otherwise, if the pods' measured memory shows a much smaller need (the workers' peak, the
+   PS' growth measured to have stopped), right-sizes memory alone (see :func:`memory_needs`;
+   growth and give-back steps carry it along, and never take the PS below their measured
+   growth's end-of-job need);
 8. otherwise keeps the plan: a stable optimum yields no change (no thrashing).
 
 Growth moves by bounded steps; giving back is taken whole (rollback bounds its risk).
@@ -46,29 +48,37 @@ from dlrover_kfp.core.observation import Config, Observation
 from dlrover_kfp.core.perf_model import PRIOR, PerfModel, fit
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner.context import PlanningContext, clamp_memory
+from dlrover_kfp.core.planner.memory_growth import ps_growth
+from dlrover_kfp.core.planner.quota import OVER_QUOTA
 from dlrover_kfp.core.planner.search import (
     CpuBounds,
     InfeasiblePlanError,
     MemoryNeeds,
     search,
 )
-from dlrover_kfp.core.planner.settings import AutoScaleSettings, PlannerSettings
+from dlrover_kfp.core.planner.settings import (
+    AutoScaleSettings,
+    MemoryGrowthSettings,
+    PlannerSettings,
+)
 from dlrover_kfp.core.profile import RuntimeSample
 from dlrover_kfp.core.reconcile import in_place
 from dlrover_kfp.core.usage import (
     abandoned_configs,
     capped_observations,
     config_of,
+    cores_per_sample,
     cpu_saturation,
     observations_from_samples,
     peak_memory_mb,
-    ps_cores_per_sample,
-    worker_cpu_floor,
 )
 
 #: "memory": memory right-sized alone, CPU unchanged. Memory does not set the speed, so such a
 #: step is not judged by throughput (noise would undo it); Stage 3 answers an OOM.
 StepKind = Literal["grow", "give_back", "rollback", "memory"]
+#: What :func:`memory_needs` did to the pods' memory: kept it, raised the PS to their measured
+#: growth's end-of-job need, or gave memory back.
+MemoryChange = Literal["keep", "raise", "give_back"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +174,30 @@ def _probe(
     return None
 
 
+def samples_needed(
+    samples: Sequence[RuntimeSample],
+    at_current: Sequence[RuntimeSample],
+    cur: Config,
+    s: AutoScaleSettings,
+) -> int:
+    """Samples at the current plan before a decision: ``min_samples``, except while the job
+    still runs the plan it started with, which nothing here measured (the user's request, or
+    history's guess). That plan is left as soon as the samples' mean can tell a step of
+    ``min_gain`` from noise:
+
+        n >= max(2, (z · cv / min_gain)²),   cv = stdev / mean of the samples at the plan
+
+    (the mean's standard error cv/√n at most min_gain / z). Start-up samples, slow or idle,
+    raise cv and so hold the decision back on their own. z = inf: min_samples throughout.
+    """
+    started = any(config_of(x) != cur for x in samples if x.workers > 0 and x.ps > 0)
+    rates = [x.throughput for x in at_current]
+    if started or math.isinf(s.leave_start_z) or len(rates) < 2 or statistics.fmean(rates) <= 0:
+        return s.min_samples
+    cv = statistics.stdev(rates) / statistics.fmean(rates)
+    return min(s.min_samples, max(2, math.ceil((s.leave_start_z * cv / s.min_gain) ** 2)))
+
+
 def judge_step(step: ScalingStep, measured: float, s: AutoScaleSettings) -> str | None:
     """Why the last step should be undone, or None if it stands.
 
@@ -240,20 +274,26 @@ def auto_scale(
     if last_step is not None and now - last_step.time < _min_interval_s(s, last_step):
         return AutoScaleDecision(None, f"waiting: last plan {now - last_step.time:.0f}s ago")
     at_current = [x for x in samples if x.time >= since and config_of(x) == cur]
-    if len(at_current) < s.min_samples:
+    needed = samples_needed(samples, at_current, cur, s)
+    if len(at_current) < needed:
         return AutoScaleDecision(
-            None, f"waiting: {len(at_current)}/{s.min_samples} samples at the current plan"
+            None, f"waiting: {len(at_current)}/{needed} samples at the current plan"
         )
     measured = statistics.fmean(x.throughput for x in at_current[-s.min_samples :])
+    memory, memory_change = memory_needs(ctx, current, samples, s, settings.memory_growth)
 
     if last_step is not None:
         verdict = judge_step(last_step, measured, s)
         if verdict is not None:
             back = last_step.before
+            # Back to the old shape, not to PS memory below what their growth now needs.
+            back_ps = dataclasses.replace(
+                back.ps, memory_mb=max(back.ps.memory_mb, memory.ps_mb(back.ps.count))
+            )
             return AutoScaleDecision(
                 ResourcePlan(
                     workers=back.workers,
-                    ps=back.ps,
+                    ps=back_ps,
                     stage=Stage.AUTO_SCALE,
                     reason=f"rollback: {verdict} ({last_step.throughput_before:.0f} -> "
                     f"{measured:.0f} samples/s)",
@@ -273,11 +313,11 @@ def auto_scale(
     bounds = CpuBounds(
         worker_cap=worker_cap,
         ps_cap=ps_cap,
-        worker_floor=worker_cpu_floor(observations, cur, s.idle_headroom),
-        ps_cores_per_sample=ps_cores_per_sample(observations),
+        worker_cores_per_sample=cores_per_sample(observations, "worker"),
+        ps_cores_per_sample=cores_per_sample(observations, "ps"),
         headroom=s.idle_headroom,
+        ps_headroom=s.ps_demand_headroom,
     )
-    memory, right_sized = memory_needs(ctx, current, samples, s)
     # (No observation at all when every sample so far shows no progress: a resumed job.)
     measured_cpu = max((o.config.total_cpu for o in observations), default=cur.total_cpu)
     upper, cpu_limit = trust_region(cur, measured_cpu, s)
@@ -296,7 +336,7 @@ def auto_scale(
         ).target
     except InfeasiblePlanError as exc:
         # The pods' memory (grown by Stage 3) leaves no other shape in the quota: keep this one.
-        return AutoScaleDecision(None, f"stable: {exc}", model)
+        return AutoScaleDecision(None, f"stable: {OVER_QUOTA}: {exc}", model)
 
     def predict(c: Config) -> float:
         lw = c.worker_cpu if worker_cap is None else min(c.worker_cpu, worker_cap)
@@ -330,7 +370,7 @@ def auto_scale(
     else:
         give_back = _probe(cur, observations, s, ctx.node.cpu_step)
         kind = "give_back"
-        if give_back is None and right_sized:
+        if give_back is None and memory_change == "give_back":
             freed = current.total_memory_mb - memory.total_mb(cur.workers, cur.ps)
             give_back = cur, f"right-sizes memory to measured use, freeing {freed / 1024:.1f}Gi"
             kind = "memory"
@@ -390,53 +430,56 @@ def memory_needs(
     current: ResourcePlan,
     samples: Sequence[RuntimeSample],
     s: AutoScaleSettings,
-) -> tuple[MemoryNeeds, bool]:
-    """Memory per pod for the plans this decision considers, and whether it was right-sized.
+    g: MemoryGrowthSettings,
+) -> tuple[MemoryNeeds, MemoryChange]:
+    """Memory per pod for the plans this decision considers, and how it changed.
 
-    By default memory is conserved: workers keep theirs (Stage 3 grows it) and the PS keep
-    their total state, re-partitioned over any PS count. Once the job has measured its pods,
-    memory is right-sized, shrink only, when that frees ``min_memory_saving`` of the job's
-    memory at the current configuration::
+    By default memory is held: workers keep theirs (Stage 3 grows it) and the PS keep the
+    state they hold, re-partitioned over any PS count (``held = max(footprint, p · (m −
+    runtime))``): a cold start's is the user's request, a warm start's what earlier runs were
+    measured to reach, and nothing measured in this run says less. The PS follow their measured
+    growth (memory_growth.py, with ``N`` the projected end-of-job state with its margin)::
 
-        worker_mb  = max(floor, peak worker use × (1 + worker_memory_headroom))
-        ps_state   = max(S, used now) × r × (1 + ps_memory_headroom)
-        ps_mb(p)   = runtime + ps_state / p
+        ps_state = N      if N > held                        ("raise": before it OOMs)
+                 = N      if growth stopped, and the job's memory falls by min_memory_saving
+                 = held   otherwise (growth not measured, or still growing)
+        worker_mb = max(floor, peak worker use × (1 + worker_memory_headroom))   (shrink only)
+        ps_mb(p)  = runtime + ps_state / p
 
-    where S is the state every PS together holds once every id has been seen (rows, slots and
-    snapshot buffer, from the model's shape), so it bounds the growth still to come, and
-    r = largest PS's state / mean PS state, measured, so the largest PS is covered too.
+    A give-back (workers, or PS whose growth stopped) is taken only when it frees
+    ``min_memory_saving`` of the job's memory at the current configuration. A raise goes into
+    every plan this decision makes; the running PS are raised by Stage 3, which runs first and
+    waits for nothing (post_scale.ps_growth_short).
     """
     cur = plan_config(current)
+    held = max(ctx.ps_state_mb, cur.ps * (current.ps.memory_mb - RUNTIME_MB))
     conserved = MemoryNeeds(
         worker_mb=current.workers.memory_mb,
         ps_fixed_mb=RUNTIME_MB,
-        ps_state_mb=max(ctx.ps_state_mb, cur.ps * (current.ps.memory_mb - RUNTIME_MB)),
+        ps_state_mb=held,
         ps_min_mb=ctx.node.min_memory_mb,
     )
-    latest = next((x for x in reversed(samples) if x.nodes), None)
+    growth = ps_growth(ctx, samples, g)
+    need = held if growth is None else growth.need_state_mb(ctx, g)
+    if need > held:
+        return dataclasses.replace(conserved, ps_state_mb=need), "raise"
     worker_peak = peak_memory_mb(samples, "worker")
-    if latest is None or worker_peak == 0:
-        return conserved, False
-    ps_state = [max(0, n.memory_used_mb - RUNTIME_MB) for n in latest.nodes if n.role == "ps"]
-    if not ps_state:
-        return conserved, False
-    imbalance = max(ps_state) / statistics.fmean(ps_state) if sum(ps_state) > 0 else 1.0
-    projected = max(ctx.ps_state_mb, sum(ps_state)) * imbalance * (1 + s.ps_memory_headroom)
-    sized = MemoryNeeds(
-        worker_mb=min(
-            conserved.worker_mb,
+    worker_mb = conserved.worker_mb
+    if worker_peak > 0:
+        worker_mb = min(
+            worker_mb,
             clamp_memory(
                 max(ctx.worker_memory_floor_mb, worker_peak * (1 + s.worker_memory_headroom)),
                 ctx.node,
             ),
-        ),
-        ps_fixed_mb=RUNTIME_MB,
-        ps_state_mb=min(conserved.ps_state_mb, math.ceil(projected)),
-        ps_min_mb=ctx.node.min_memory_mb,
+        )
+    stopped = growth is not None and growth.stopped(g)
+    sized = dataclasses.replace(
+        conserved, worker_mb=worker_mb, ps_state_mb=need if stopped else held
     )
     if sized.total_mb(cur.workers, cur.ps) > (1 - s.min_memory_saving) * current.total_memory_mb:
-        return conserved, False
-    return sized, True
+        return conserved, "keep"
+    return sized, "give_back"
 
 
 def _groups(

@@ -32,6 +32,10 @@ class PlanningContext:
     ps_state_mb: int
     dataset_rows: int | None
     node: NodeLimits
+    #: samples the whole job trains (dataset rows x epochs): a sample's progress is
+    #: ``global_step · batch_size / total_samples`` (None: the rows are not known, so the job's
+    #: progress and the growth of its PS memory over it cannot be measured)
+    total_samples: int | None = None
 
     def ps_memory_floor_mb(self, ps_count: int) -> int:
         """Per-PS floor: runtime + its share of the rows (they re-partition with the count)."""
@@ -78,6 +82,7 @@ def context_from_spec(spec: JobSpec, settings: PlannerSettings) -> PlanningConte
         ps_state_mb=one_ps - RUNTIME_MB,
         dataset_rows=spec.dataset_rows,
         node=settings.node,
+        total_samples=spec.dataset_rows * spec.training.epochs if spec.dataset_rows else None,
     )
 
 

@@ -4,14 +4,19 @@ Each rule is a pure function of the recent samples and events and returns node a
 runtime applies them. Rules, in the order they are checked (a pod gets at most one action):
 
 - OOM reaction: a pod was OOM-killed -> relaunch it with memory x ``oom_memory_factor``
-  (at most +``oom_max_step_mb``). A PS OOM while PS memory is balanced adds PS instead: the
-  rows re-partition, so every PS holds fewer (DLRover's rule).
+  (at most +``oom_max_step_mb``), a PS whose growth is measured with at least its end-of-job
+  need (memory_growth.py). More memory per PS whenever a pod may have it; more PS only when
+  it may not and PS memory is balanced, the fewest that fit (:func:`ps_oom_adds_ps`).
 - OOM prevention: a least-squares line through a pod's last ``oom_trend_samples`` memory
   readings (a worker's: while it trained, its first two left out as start-up) reaches
   ``oom_threshold`` of its limit within ``oom_horizon_s`` -> relaunch it with the predicted
-  need x ``oom_prevention_headroom`` before it dies.
-- Hot PS: CPU used / requested > ``hot_ps_utilization`` for ``hot_ps_samples`` samples in a
-  row -> migrate it to a pod with ``hot_ps_cpu_growth`` x the CPU, without stopping training.
+  need x ``oom_prevention_headroom`` (a PS: at least its end-of-job need) before it dies.
+- PS growth: the PS' measured growth projects more than their memory by the job's end ->
+  relaunch them with that need now, where the quota has room (:func:`ps_growth_short`).
+- Hot PS: CPU used / requested > ``hot_ps_utilization`` and used ``hot_ps_peer_ratio`` x its
+  peers' median or more, for ``hot_ps_samples`` samples in a row -> migrate it, without
+  stopping training, to a pod with its CPU x the measured imbalance (at most
+  ``hot_ps_cpu_growth``). The plan holds one size per role, which new PS pods get.
 - Starved PS: throttled in at least ``starved_ps_throttled`` of the CFS periods of its last
   ``starved_ps_samples`` telling samples (an idle PS's tell nothing), with a CPU use that bounds
   its quota below ``starved_ps_share`` of its request -> migrate it to a new pod of the size
@@ -37,11 +42,17 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dlrover_kfp.core.footprint import RUNTIME_MB
 from dlrover_kfp.core.plan import NodeAction, NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner.context import PlanningContext, clamp_cpu, clamp_memory
-from dlrover_kfp.core.planner.quota import at_least_minimum, fit_to_quota
-from dlrover_kfp.core.planner.relaunch import oom_grown_memory
-from dlrover_kfp.core.planner.settings import PlannerSettings, PostScaleSettings
+from dlrover_kfp.core.planner.memory_growth import PsGrowth, ps_growth, trend_slope
+from dlrover_kfp.core.planner.quota import OVER_QUOTA, at_least_minimum, fit_to_quota
+from dlrover_kfp.core.planner.relaunch import oom_wanted_memory
+from dlrover_kfp.core.planner.settings import (
+    MemoryGrowthSettings,
+    PlannerSettings,
+    PostScaleSettings,
+)
 from dlrover_kfp.core.profile import JobEvent, NodeSample, RuntimeSample
 
 
@@ -75,23 +86,18 @@ def _series(samples: Sequence[RuntimeSample]) -> dict[str, list[tuple[float, Nod
     return out
 
 
-def _trend_slope(points: Sequence[tuple[float, float]]) -> float:
-    """Least-squares slope of y over t:  b = Σ(t-t̄)(y-ȳ) / Σ(t-t̄)²."""
-    t_mean = statistics.fmean(t for t, _ in points)
-    y_mean = statistics.fmean(y for _, y in points)
-    den = sum((t - t_mean) ** 2 for t, _ in points)
-    if den == 0:
-        return 0.0
-    return sum((t - t_mean) * (y - y_mean) for t, y in points) / den
-
-
 def oom_reactions(
     events: Sequence[JobEvent],
     latest: Mapping[str, NodeSample],
     groups: Mapping[str, NodeGroup],
     s: PostScaleSettings,
     ctx: PlanningContext,
+    growth: PsGrowth | None = None,
+    g: MemoryGrowthSettings | None = None,
 ) -> list[NodeAction]:
+    """Each OOM-killed pod relaunched with the memory the OOM calls for (:func:`oom_wanted`),
+    clamped to a pod's range; :func:`post_scale` turns a PS's into more PS where a pod cannot
+    have it (:func:`ps_oom_adds_ps`)."""
     actions: list[NodeAction] = []
     for event in events:
         if event.kind != "oom" or event.node is None or event.node in {a.node for a in actions}:
@@ -99,24 +105,67 @@ def oom_reactions(
         node = latest.get(event.node)
         role = node.role if node else _role(event.node, latest)
         requested = node.memory_requested_mb if node else groups[role].memory_mb
+        wanted = oom_wanted(requested, role, groups[role].count, s, ctx, growth, g)
         actions.append(
             NodeAction(
                 kind="relaunch",
                 node=event.node,
-                memory_mb=oom_grown_memory(requested, s, ctx.node),
+                memory_mb=clamp_memory(wanted, ctx.node),
                 reason=f"OOM-killed at {requested}Mi: relaunch with x{s.oom_memory_factor:g} "
-                f"memory (at most +{s.oom_max_step_mb}Mi)",
+                f"memory (at most +{s.oom_max_step_mb}Mi)"
+                + (", or what the PS' measured growth needs to the job's end" if growth else ""),
             )
         )
     return actions
 
 
-def ps_oom_adds_ps(latest: Mapping[str, NodeSample], s: PostScaleSettings) -> bool:
-    """PS memory balanced across PS: (max - mean) / max <= ps_memory_balance."""
+def oom_wanted(
+    requested_mb: int,
+    role: str,
+    count: int,
+    s: PostScaleSettings,
+    ctx: PlanningContext,
+    growth: PsGrowth | None,
+    g: MemoryGrowthSettings | None,
+) -> float:
+    """Memory per pod an OOM at ``requested_mb`` calls for, before a pod's limit: the relaunch
+    rule's growth (relaunch.oom_wanted_memory), and for a PS whose growth was measured at
+    least its end-of-job need (memory_growth.py: runtime + N / p), so that it dies once, not
+    once per doubling."""
+    wanted = oom_wanted_memory(requested_mb, s)
+    if role == "ps" and growth is not None and g is not None:
+        wanted = max(wanted, growth.need_per_ps_mb(ctx, g, count))
+    return wanted
+
+
+def ps_oom_adds_ps(
+    wanted_mb: float,
+    ps: NodeGroup,
+    latest: Mapping[str, NodeSample],
+    s: PostScaleSettings,
+    ctx: PlanningContext,
+) -> int:
+    """PS to add after a PS OOM: 0 when more memory per PS is the fix.
+
+    The rule: more memory per PS whenever a pod may have what the OOM calls for
+    (``wanted <= node.max_memory_mb``): it costs only that memory, where each added PS costs a
+    pod's CPU and runtime and a re-partition of every row. More PS only when it may not, and
+    the PS memory is balanced (``(max - mean) / max <= ps_memory_balance``: the rows spread
+    evenly, so a larger count shrinks every share; a hot shard would stay hot): the fewest
+    count whose even share of the same state fits a pod,
+
+        p' = ceil(p · (wanted − runtime) / (max_memory − runtime)),   at most max_ps
+    """
+    if wanted_mb <= ctx.node.max_memory_mb or ps.count >= ctx.max_ps:
+        return 0
     used = [n.memory_used_mb for n in latest.values() if n.role == "ps"]
-    if len(used) < 1 or max(used) == 0:
-        return False
-    return (max(used) - statistics.fmean(used)) / max(used) <= s.ps_memory_balance
+    if not used or max(used) == 0:
+        return 0
+    if (max(used) - statistics.fmean(used)) / max(used) > s.ps_memory_balance:
+        return 0
+    per_pod = ctx.node.max_memory_mb - RUNTIME_MB
+    count = math.ceil(ps.count * (wanted_mb - RUNTIME_MB) / per_pod - 1e-9)
+    return max(0, min(ctx.max_ps, count) - ps.count)
 
 
 def oom_predictions(
@@ -124,7 +173,11 @@ def oom_predictions(
     now: float,
     s: PostScaleSettings,
     ctx: PlanningContext,
+    ps_need_mb: int | None = None,
 ) -> list[NodeAction]:
+    """Pods whose memory trend reaches ``oom_threshold`` of their limit within
+    ``oom_horizon_s``: relaunched with the predicted need x ``oom_prevention_headroom``, a PS
+    with at least ``ps_need_mb`` (its measured growth's end-of-job need) where that is known."""
     actions = []
     for name, readings in series.items():
         points = readings
@@ -136,7 +189,7 @@ def oom_predictions(
         if len(recent) < s.oom_trend_samples:
             continue
         limit = recent[-1][1].memory_requested_mb
-        slope = _trend_slope([(t, n.memory_used_mb) for t, n in recent])
+        slope = trend_slope([(t, n.memory_used_mb) for t, n in recent])
         if slope <= 0 or limit <= 0:
             continue
         t_last, last = recent[-1]
@@ -144,12 +197,13 @@ def oom_predictions(
         if predicted < s.oom_threshold * limit:
             continue
         eta = max(0.0, (limit - last.memory_used_mb) / slope)
+        floor = ps_need_mb if last.role == "ps" and ps_need_mb is not None else 0
         actions.append(
             NodeAction(
                 kind="relaunch",
                 node=name,
                 memory_mb=clamp_memory(
-                    max(predicted * s.oom_prevention_headroom, limit + 1), ctx.node
+                    max(predicted * s.oom_prevention_headroom, limit + 1, floor), ctx.node
                 ),
                 reason=f"memory grows {slope * 60:.0f}Mi/min and reaches its {limit}Mi limit in "
                 f"~{eta:.0f}s: relaunch bigger before it is OOM-killed",
@@ -158,29 +212,101 @@ def oom_predictions(
     return actions
 
 
+def ps_growth_short(
+    latest: Mapping[str, NodeSample],
+    growth: PsGrowth | None,
+    need_mb: int | None,
+    current: ResourcePlan,
+    ctx: PlanningContext,
+) -> list[NodeAction]:
+    """PS whose memory is below their measured growth's end-of-job need (memory_growth.py:
+    ``runtime + N / p``): relaunched with it now, at the price of a PS move, rather than
+    OOM-killed later, at the price of a relaunch and the progress since the last checkpoint.
+
+    Only where the quota holds the raise as the job stands: the projection is an upper bound,
+    loose early in the job, and a raise that cost workers (a quota equal to the request, whose
+    PS the projection may overstate) would slow the job for memory it may never use. Beyond
+    the quota's room the PS are raised when their trend reaches the limit
+    (:func:`oom_predictions`, to the same need), and only then at the workers' expense."""
+    if growth is None or need_mb is None:
+        return []
+    raised = NodeGroup(count=current.ps.count, cpu=current.ps.cpu, memory_mb=need_mb)
+    if not ctx.fits(current.workers, raised):
+        return []
+    return [
+        NodeAction(
+            kind="relaunch",
+            node=name,
+            memory_mb=need_mb,
+            reason=f"PS state {growth.state_mb:.0f}Mi at {growth.progress:.0%} progress grows "
+            f"{growth.slope_mb * 0.01:.0f}Mi per 1% of the job: {need_mb}Mi each by its end "
+            f"(+{growth.imbalance - 1:.0%} for the largest), above its {n.memory_requested_mb}Mi",
+        )
+        for name, n in sorted(latest.items())
+        if n.role == "ps" and n.memory_requested_mb < need_mb
+    ]
+
+
 def hot_ps(
     series: Mapping[str, list[tuple[float, NodeSample]]],
     s: PostScaleSettings,
     ctx: PlanningContext,
 ) -> list[NodeAction]:
+    """PS that are busy and carry more than their share: in each of their last
+    ``hot_ps_samples`` samples, CPU used / requested > ``hot_ps_utilization`` and used at least
+    ``hot_ps_peer_ratio`` x the median use of the other PS at that sample. Each moves to a pod
+    sized by the imbalance measured (its use over its peers', the lowest of the window):
+
+        λ_hot = request · min(hot_ps_cpu_growth, max(1, min_t(used_t / median peers' used_t)))
+
+    PS all busy alike are not hot: the group runs at its demand, which is what the search
+    sizes it to (search.CpuBounds), and whether more PS CPU pays is Stage 2's question, which
+    the model answers. Doubling them here undid that sizing at every decision (issue 30). A
+    lone PS has no peers to tell a hot shard from the group's demand: the same holds.
+    """
+    peers_at: dict[float, dict[str, float]] = {}
+    for name, points in series.items():
+        for t, n in points:
+            if n.role == "ps":
+                peers_at.setdefault(t, {})[name] = n.cpu_used
     actions = []
     for name, points in series.items():
-        recent = [n for _, n in points[-s.hot_ps_samples :]]
-        if len(recent) < s.hot_ps_samples or recent[-1].role != "ps":
+        recent = points[-s.hot_ps_samples :]
+        if len(recent) < s.hot_ps_samples or recent[-1][1].role != "ps":
             continue
-        utils = [n.cpu_used / n.cpu_requested for n in recent if n.cpu_requested > 0]
-        if len(utils) == len(recent) and min(utils) > s.hot_ps_utilization:
-            requested = recent[-1].cpu_requested
-            actions.append(
-                NodeAction(
-                    kind="migrate_ps",
-                    node=name,
-                    cpu=clamp_cpu(requested * s.hot_ps_cpu_growth, ctx.node),
-                    reason=f"hot PS: CPU above {s.hot_ps_utilization:.0%} of {requested:g} cores "
-                    f"for {len(utils)} samples (min {min(utils):.0%}): migrate to a bigger pod",
-                )
+        ratios = [_load_over_peers(name, t, n, peers_at[t], s) for t, n in recent]
+        if any(r is None for r in ratios):
+            continue
+        imbalance = min(r for r in ratios if r is not None)
+        requested = recent[-1][1].cpu_requested
+        actions.append(
+            NodeAction(
+                kind="migrate_ps",
+                node=name,
+                cpu=clamp_cpu(requested * min(s.hot_ps_cpu_growth, max(1.0, imbalance)), ctx.node),
+                reason=f"hot PS: CPU above {s.hot_ps_utilization:.0%} of {requested:g} cores "
+                f"and {imbalance:.1f}x its peers' for {len(recent)} samples: migrate to a pod "
+                f"sized to that imbalance",
             )
+        )
     return actions
+
+
+def _load_over_peers(
+    name: str, t: float, n: NodeSample, peers_at: Mapping[str, float], s: PostScaleSettings
+) -> float | None:
+    """``n``'s CPU use over its peers' median at time ``t`` when it is hot then (busy, and
+    ``hot_ps_peer_ratio`` x its peers' use or more); None when it is not, or has no peers
+    (unless the ratio is 0: no peer condition, a lone PS judged on its use alone, 1.0)."""
+    peers = [used for other, used in peers_at.items() if other != name]
+    if n.cpu_requested <= 0 or n.cpu_used <= s.hot_ps_utilization * n.cpu_requested:
+        return None
+    if not peers:
+        return 1.0 if s.hot_ps_peer_ratio <= 0 else None
+    peer = statistics.median(peers)
+    if peer <= 0:
+        return s.hot_ps_cpu_growth
+    return n.cpu_used / peer if n.cpu_used >= s.hot_ps_peer_ratio * peer else None
 
 
 def starved_ps(
@@ -350,26 +476,42 @@ def post_scale(
                 actions.append(a)
                 taken.add(a.node)
 
-    ooms = oom_reactions(observed.events, latest, groups, s, ctx)
+    g = settings.memory_growth
+    growth = ps_growth(ctx, observed.samples, g)
+    need = (
+        None if growth is None else clamp_memory(growth.need_per_ps_mb(ctx, g, ps.count), ctx.node)
+    )
+    ooms = oom_reactions(observed.events, latest, groups, s, ctx, growth, g)
     ps_ooms = [a for a in ooms if _role(a.node, latest) == "ps"]
-    if ps_ooms and ps_oom_adds_ps(latest, s) and ps.count * 2 <= ctx.max_ps:
-        added = ps.count
-        ps = NodeGroup(count=ps.count * 2, cpu=ps.cpu, memory_mb=ps.memory_mb)
-        take(
-            [
-                NodeAction(
-                    kind="relaunch",
-                    node=a.node,
-                    memory_mb=ps.memory_mb,
-                    reason=f"PS OOM-killed with balanced PS memory: add {added} PS so that rows "
-                    f"re-partition and each holds half",
-                )
-                for a in ps_ooms
-            ]
+    if ps_ooms:
+        requested = max(
+            (latest[a.node].memory_requested_mb if a.node in latest else ps.memory_mb)
+            for a in ps_ooms
         )
-        ooms = [a for a in ooms if a not in ps_ooms]
+        wanted = oom_wanted(requested, "ps", ps.count, s, ctx, growth, g)
+        added = ps_oom_adds_ps(wanted, ps, latest, s, ctx)
+        if added:
+            count = ps.count + added
+            share = math.ceil(ps.count * (wanted - RUNTIME_MB) / count)
+            ps = NodeGroup(
+                count=count, cpu=ps.cpu, memory_mb=clamp_memory(RUNTIME_MB + share, ctx.node)
+            )
+            take(
+                [
+                    NodeAction(
+                        kind="relaunch",
+                        node=a.node,
+                        memory_mb=ps.memory_mb,
+                        reason=f"PS OOM-killed at {requested}Mi, balanced, needing {wanted:.0f}Mi: "
+                        f"more than a pod may have; add {added} PS so that the rows re-partition",
+                    )
+                    for a in ps_ooms
+                ]
+            )
+            ooms = [a for a in ooms if a not in ps_ooms]
     take(ooms)
-    take(oom_predictions(series, now, s, ctx))
+    take(oom_predictions(series, now, s, ctx, need))
+    take(ps_growth_short(latest, growth, need, current, ctx))
     take(hot_ps(series, s, ctx))
     take(starved_ps(_series(observed.ps_history) if observed.ps_history else series, s))
     take(hung_workers(observed.lease_ages_s or {}, observed.shard_s, s))
@@ -422,7 +564,14 @@ def _make_room(
 ) -> tuple[NodeGroup, NodeGroup, str]:
     """Fit the grown plan into the quota (``quota.fit_to_quota``: workers first, then CPU;
     a running job's PS are not dropped to make room). When even that is above the quota, the
-    PS growth is capped to the room left."""
+    PS growth is capped to the room left, and the reason says so (``quota.OVER_QUOTA``).
+
+    So an OOM whose fix does not fit the quota (a quota equal to a request the job outgrows)
+    first grows within the quota by giving up workers, down to ``min_workers``: the job runs
+    slower rather than dying. Beyond that the PS gets only the room left; one that had none is
+    relaunched as it was, and the job fails clearly once its pods were OOM-killed as often as
+    the runtime allows (the simulator's ``elastic_oom_limit``). Never a crash, and never above
+    the quota but for the model's own footprint (``at_least_minimum``)."""
     fitted = fit_to_quota(workers, ps, ctx, drop_ps=False, max_trim=0.0)
     workers, ps = fitted.workers, fitted.ps
     note = f"; {fitted.note()}" if fitted.cut else ""
@@ -437,6 +586,6 @@ def _make_room(
             ),
             memory_mb=int(min(ps.memory_mb, mem_room)),
         )
-        note += "; quota exhausted: PS growth capped"
+        note += f"; {OVER_QUOTA}: PS growth capped to the room left"
     # The cap never takes a PS below what it needs to hold its rows: that pod would die.
     return workers, at_least_minimum(ps, "ps", ctx), note

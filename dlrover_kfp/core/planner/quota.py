@@ -45,6 +45,18 @@ from dlrover_kfp.errors import UserInputError
 #: worker (step 1).
 MAX_CPU_TRIM = 0.25
 
+#: What a plan's (or a kept plan's decision's) reason says when the planner's needs do not fit
+#: the job's quota and it falls back instead of failing: at the start the job runs the user's
+#: own request (which fits a quota at least as large); in a running job a stage keeps its plan,
+#: or grows only as far as the quota allows. :func:`over_quota` recognises it.
+OVER_QUOTA = "the planner's needs exceed the quota"
+
+
+def over_quota(reason: str) -> bool:
+    """Whether a plan's or a decision's ``reason`` says it fell back because the planner's
+    needs exceed the quota (:data:`OVER_QUOTA`): what the simulator counts per job."""
+    return OVER_QUOTA in reason
+
 
 @dataclass(frozen=True, slots=True)
 class QuotaFit:
@@ -277,11 +289,13 @@ def at_least_minimum(group: NodeGroup, role: str, ctx: PlanningContext) -> NodeG
 
 __all__ = [
     "MAX_CPU_TRIM",
+    "OVER_QUOTA",
     "BelowMinimumError",
     "QuotaFit",
     "at_least_minimum",
     "fit_to_quota",
     "memory_shortfalls",
+    "over_quota",
     "require_quota_fit",
     "require_runnable",
 ]

@@ -96,15 +96,21 @@ class NoRelaunch:
 RelaunchDecision = Relaunch | FailJob | NoRelaunch
 
 
+def oom_wanted_memory(requested_mb: int, s: PostScaleSettings) -> float:
+    """Memory an OOM at ``requested_mb`` calls for, before any pod limit:
+
+    wanted = min(requested x oom_memory_factor, requested + oom_max_step_mb)
+
+    Stage 3 compares it with the node's maximum to choose between more memory per PS and more
+    PS (post_scale.ps_oom_adds_ps)."""
+    return min(requested_mb * s.oom_memory_factor, requested_mb + s.oom_max_step_mb)
+
+
 def oom_grown_memory(requested_mb: int, s: PostScaleSettings, node: NodeLimits) -> int:
     """Memory for a pod that was OOM-killed at ``requested_mb``: the one rule, used by Stage 3
-    and by the relaunch policy.
-
-        grown = min(requested x oom_memory_factor, requested + oom_max_step_mb), clamped to the
-        node's memory range and step
-    """
-    grown = min(requested_mb * s.oom_memory_factor, requested_mb + s.oom_max_step_mb)
-    return clamp_memory(grown, node)
+    and by the relaunch policy: :func:`oom_wanted_memory` clamped to the node's memory range
+    and step."""
+    return clamp_memory(oom_wanted_memory(requested_mb, s), node)
 
 
 def decide_relaunch(
@@ -200,4 +206,5 @@ __all__ = [
     "RelaunchDecision",
     "decide_relaunch",
     "oom_grown_memory",
+    "oom_wanted_memory",
 ]

@@ -65,18 +65,31 @@ class MemoryNeeds:
 
 @dataclass(frozen=True, slots=True)
 class CpuBounds:
-    """Floors that usage sets on CPU, whatever the model says.
+    """Floors that measured usage sets on each role's CPU, whatever the model says.
 
-    A pod given less than it uses on average certainly runs slower, so plans keep
-    ``λw >= worker_floor`` and, since PS work grows with the samples processed,
-    ``p · λp >= ps_cores_per_sample · X · (1 + headroom)`` for the predicted throughput X.
-    (Averages understate bursts, so usage is a floor, never a cap: whether fewer cores
-    than given are enough is learned by measuring, see auto_scale.)
+    A role's pods together spend ``c`` core-seconds per sample, measured where the job ran
+    (``c = n · u / X``: ``n`` pods each using ``u`` cores at ``X`` samples/s; the largest seen,
+    usage.py). No plan processes X samples/s with fewer cores than ``c · X``, so plans keep
+
+        w · λw >= cw · X · (1 + headroom)        p · λp >= cp · X · (1 + ps_headroom)
+
+    for the predicted throughput X. The floor is on a role's cores in all, not per pod: a
+    worker that uses 5 of its 8 cores needs 5 at its present share of the samples, and 2.5 when
+    twice as many workers split them. (A per-pod floor, λw >= u · (1 + headroom), held every
+    plan at the present pod size or above, whatever the worker count: it ruled out the smaller,
+    more numerous workers that give more throughput per core.) Averages understate bursts, so
+    usage is a floor, never a cap: whether fewer cores than given are enough is learned by
+    measuring (auto_scale's probes and the judgement of each step).
+
+    The margins (settings.AutoScaleSettings idle_headroom and ps_demand_headroom say how each
+    is set and measured) differ by role: a worker that waits for its PS part of each step uses
+    less on average than it needs while computing; a PS computes whenever a request waits.
     """
 
-    worker_floor: float = 0.0
+    worker_cores_per_sample: float | None = None
     ps_cores_per_sample: float | None = None
     headroom: float = 0.25
+    ps_headroom: float = 0.10
     #: Per-pod CPU above which a role was measured to gain nothing (usage.cpu_saturation):
     #: bigger pods are not considered.
     worker_cap: float | None = None
@@ -107,9 +120,7 @@ class SearchResult:
     target: Candidate
 
 
-def _ladder(
-    ctx: PlanningContext, extra: Sequence[float], floor: float, cap: float | None
-) -> np.ndarray:
+def _ladder(ctx: PlanningContext, extra: Sequence[float], cap: float | None) -> np.ndarray:
     node = ctx.node
     values = {v for v in CPU_LADDER if node.min_cpu <= v <= node.max_cpu}
     values.update(
@@ -118,9 +129,6 @@ def _ladder(
         if node.min_cpu <= k * node.cpu_step <= node.max_cpu
     )
     values.update(v for v in extra if node.min_cpu <= v <= node.max_cpu)
-    if floor > 0:
-        lowest = min(node.max_cpu, math.ceil(floor / node.cpu_step - 1e-9) * node.cpu_step)
-        values = {v for v in values if v >= lowest} | {max(node.min_cpu, lowest)}
     if cap is not None:
         values = {v for v in values if v <= cap + 1e-9} or {min(values)}
     return np.array(sorted(values), dtype=float)
@@ -146,42 +154,13 @@ def search(
     core costs: at most ``cpu_limit`` cores in all, and at most ``upper``'s counts and CPU per
     pod in each role.
 
-    The quota wins over usage floors: when no configuration fits with them, the search runs
-    again without them (the caller's plan is then below observed use, and says so).
+    The quota wins over usage floors: a floor that no configuration in the quota meets is
+    dropped (the plan is then below observed use, and its predicted rate says so).
     """
-    try:
-        return _search(
-            model, ctx, memory, bounds, floor, include, objective, cpu_limit, upper, exclude
-        )
-    except InfeasiblePlanError:
-        if bounds.worker_floor <= 0 and bounds.ps_cores_per_sample is None:
-            raise
-        relaxed = CpuBounds(
-            headroom=bounds.headroom, worker_cap=bounds.worker_cap, ps_cap=bounds.ps_cap
-        )
-        return _search(
-            model, ctx, memory, relaxed, floor, include, objective, cpu_limit, upper, exclude
-        )
-
-
-def _search(
-    model: PerfModel,
-    ctx: PlanningContext,
-    memory: MemoryNeeds,
-    bounds: CpuBounds,
-    floor: float,
-    include: Sequence[Config],
-    objective: Objective,
-    cpu_limit: float | None,
-    upper: Config | None,
-    exclude: Collection[Config],
-) -> SearchResult:
     w_values = np.arange(ctx.min_workers, ctx.max_workers + 1)
     p_values = np.arange(ctx.min_ps, ctx.max_ps + 1)
-    lw_values = _ladder(
-        ctx, [c.worker_cpu for c in include], bounds.worker_floor, bounds.worker_cap
-    )
-    lp_values = _ladder(ctx, [c.ps_cpu for c in include], 0.0, bounds.ps_cap)
+    lw_values = _ladder(ctx, [c.worker_cpu for c in include], bounds.worker_cap)
+    lp_values = _ladder(ctx, [c.ps_cpu for c in include], bounds.ps_cap)
     w, p, lw, lp = (a.ravel() for a in np.meshgrid(w_values, p_values, lw_values, lp_values))
     ps_mem = np.array([memory.ps_mb(int(n)) for n in p_values])[p - ctx.min_ps]
     cpu = w * lw + p * lp
@@ -203,9 +182,18 @@ def _search(
         )
     w, p, lw, lp, ps_mem, cpu, mem = (a[feasible] for a in (w, p, lw, lp, ps_mem, cpu, mem))
     x = model.throughput_many(w, p, lw, lp, ctx.batch_size)
-    if bounds.ps_cores_per_sample is not None:
-        # PS demand floor: p · λp >= k · X · (1 + headroom); plans below it would starve the PS.
-        enough = p * lp >= bounds.ps_cores_per_sample * x * (1 + bounds.headroom)
+    # Usage floors (CpuBounds), role by role: n · λ >= c · X · (1 + headroom). A floor no
+    # candidate meets is left out (the quota wins over usage; the plan says so by its rate).
+    for role, per_sample in (
+        ("worker", bounds.worker_cores_per_sample),
+        ("ps", bounds.ps_cores_per_sample),
+    ):
+        if per_sample is None:
+            continue
+        role_cpu, margin = (
+            (w * lw, bounds.headroom) if role == "worker" else (p * lp, bounds.ps_headroom)
+        )
+        enough = role_cpu >= per_sample * x * (1 + margin)
         if enough.any():
             w, p, lw, lp, ps_mem, cpu, mem, x = (
                 a[enough] for a in (w, p, lw, lp, ps_mem, cpu, mem, x)

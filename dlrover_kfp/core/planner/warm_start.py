@@ -11,13 +11,15 @@ three to five times what their jobs use, and planning from requests would copy t
                     configurations (the search picks the cheapest near-best point); otherwise
                     the counts the most recent jobs ran with (median)
 
-and the result is fitted into the quota (fewer workers first, then smaller pods). Without
+and the result is fitted into the quota (fewer workers first, then smaller pods); when even
+that is above the quota, the user's own request (:func:`warm_start`). Without
 similar jobs the plan is a cold start: the spec's own resources when it has them (the user's
 guess is the best information there is), else a small default that Stage 2 grows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -31,12 +33,17 @@ from dlrover_kfp.core.planner.context import (
     clamp_cpu,
     clamp_memory,
 )
-from dlrover_kfp.core.planner.quota import require_quota_fit
-from dlrover_kfp.core.planner.search import CpuBounds, MemoryNeeds, search
+from dlrover_kfp.core.planner.quota import (
+    OVER_QUOTA,
+    QuotaFit,
+    memory_shortfalls,
+    require_quota_fit,
+)
+from dlrover_kfp.core.planner.search import CpuBounds, InfeasiblePlanError, MemoryNeeds, search
 from dlrover_kfp.core.planner.settings import PlannerSettings
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.core.summary import JobSummary
-from dlrover_kfp.core.usage import ps_cores_per_sample
+from dlrover_kfp.core.usage import cores_per_sample
 
 DAY_S = 86400.0
 
@@ -67,15 +74,60 @@ def select_similar(
     return chosen
 
 
-def cold_start(spec: JobSpec, ctx: PlanningContext, settings: PlannerSettings) -> ResourcePlan:
+def _own_request(spec: JobSpec, ctx: PlanningContext) -> QuotaFit | None:
+    """The spec's own resources fitted into the quota (None: the spec gives none).
+
+    Within the quota as every plan is: a spec without limits is held to the default quota,
+    and on one machine to its capacity (settings.capacity). A request within its own limits
+    always fits them unchanged."""
     res = spec.resources
-    if res.workers is not None and res.ps is not None:
-        # Within the quota as every plan is: a spec without limits is held to the default
-        # quota, and on one machine to its capacity (settings.capacity).
-        own = require_quota_fit(res.workers.to_group(), res.ps.to_group(), ctx)
+    if res.workers is None or res.ps is None:
+        return None
+    return require_quota_fit(res.workers.to_group(), res.ps.to_group(), ctx)
+
+
+def _cold_ps_memory_mb(ctx: PlanningContext, ps_count: int, settings: PlannerSettings) -> int:
+    """A cold start's PS memory: the model's footprint floor x ``cold_start.memory_factor``."""
+    return clamp_memory(
+        ctx.ps_memory_floor_mb(ps_count) * settings.cold_start.memory_factor, ctx.node
+    )
+
+
+def _cold_ps(
+    workers: NodeGroup,
+    ps: NodeGroup,
+    ctx: PlanningContext,
+    settings: PlannerSettings,
+    *,
+    own_quota: bool,
+) -> NodeGroup:
+    """The user's PS with at least the default's memory, the model's footprint x
+    ``memory_factor``, where the quota has room: a PS just above its footprint is OOM-killed in
+    the job's first minutes, before its growth can be measured (memory_growth.py), from where
+    Stage 3 raises it.
+
+    A request below the footprint itself is raised the same way only when the spec states its
+    own quota (``own_quota``: ``resources.limits``): the user then gave the planner room to
+    plan in, and a PS the model cannot run in is a guess to correct, as any other. Without
+    limits the request is the only statement of what the job may take: it is left as asked,
+    and the runtime refuses it before any pod starts (quota.require_runnable), telling the
+    user what it needs."""
+    if memory_shortfalls(workers, ps, ctx) and not own_quota:
+        return ps
+    floored = dataclasses.replace(
+        ps, memory_mb=max(ps.memory_mb, _cold_ps_memory_mb(ctx, ps.count, settings))
+    )
+    return floored if ctx.fits(workers, floored) else ps
+
+
+def cold_start(spec: JobSpec, ctx: PlanningContext, settings: PlannerSettings) -> ResourcePlan:
+    own = _own_request(spec, ctx)
+    if own is not None:
         return ResourcePlan(
             workers=own.workers,
-            ps=own.ps,
+            ps=_cold_ps(
+                own.workers, own.ps, ctx, settings, own_quota=spec.resources.limits is not None
+            ),
             stage=Stage.COLD_START,
             reason="cold start: no similar jobs in history; the spec's own resources"
             + (f"; {own.note()}" if own.cut else ""),
@@ -90,7 +142,7 @@ def cold_start(spec: JobSpec, ctx: PlanningContext, settings: PlannerSettings) -
         ps < ctx.max_ps and ctx.ps_memory_floor_mb(ps) * cs.memory_factor > ctx.node.max_memory_mb
     ):
         ps += 1
-    ps_mb = clamp_memory(ctx.ps_memory_floor_mb(ps) * cs.memory_factor, ctx.node)
+    ps_mb = _cold_ps_memory_mb(ctx, ps, settings)
     fitted = require_quota_fit(
         NodeGroup(count=workers, cpu=cpu, memory_mb=worker_mb),
         NodeGroup(count=ps, cpu=cpu, memory_mb=ps_mb),
@@ -117,10 +169,48 @@ def warm_start(
     prior: PerfModel = PRIOR,
 ) -> ResourcePlan:
     """Plan a job before it starts. ``history`` holds candidate jobs (the store's answer to a
-    similarity query); the ones used are named in the plan."""
+    similarity query); the ones used are named in the plan.
+
+    When what the similar jobs needed does not fit the quota (memory, typically: a quota equal
+    to a request those jobs outgrew), the plan is the user's own request, which fits any quota
+    at least as large, and its reason says so (:data:`~.quota.OVER_QUOTA`): the job starts as
+    the user would have run it, and Stage 3 reacts to what it then measures."""
     jobs = select_similar(ctx, history, settings, now)
     if not jobs:
         return cold_start(spec, ctx, settings)
+    try:
+        return _from_history(spec, ctx, jobs, settings, prior)
+    except InfeasiblePlanError as exc:
+        return _request_instead(spec, ctx, jobs, exc)
+
+
+def _request_instead(
+    spec: JobSpec, ctx: PlanningContext, jobs: Sequence[JobSummary], exc: InfeasiblePlanError
+) -> ResourcePlan:
+    """Warm start's plan when the history's needs exceed the quota: the user's request (a spec
+    without one re-raises ``exc``; a request above its own limits raises its own error)."""
+    own = _own_request(spec, ctx)
+    if own is None:
+        raise exc
+    return ResourcePlan(
+        workers=own.workers,
+        ps=own.ps,
+        stage=Stage.WARM_START,
+        reason=f"warm start from {len(jobs)} similar job(s): {OVER_QUOTA} ({exc}); the "
+        f"user's own request instead" + (f"; {own.note()}" if own.cut else ""),
+        similar_jobs=tuple(j.run_id for j in jobs),
+    )
+
+
+def _from_history(
+    spec: JobSpec,
+    ctx: PlanningContext,
+    jobs: Sequence[JobSummary],
+    settings: PlannerSettings,
+    prior: PerfModel,
+) -> ResourcePlan:
+    """Warm start's plan from ``jobs`` (module docstring); raises
+    :class:`~.search.InfeasiblePlanError` when what they needed does not fit the quota."""
     ws = settings.warm_start
     node = ctx.node
 
@@ -154,10 +244,13 @@ def warm_start(
     scope = f"scenario {spec.scenario}" if spec.scenario else "the same model shape"
 
     if len(configs) >= ws.min_configs_for_model:
+        # Each role's measured work per sample, not a per-pod floor (search.CpuBounds): the
+        # search may then split the workers' cores over more, smaller pods.
         bounds = CpuBounds(
-            worker_floor=worker_cpu,
-            ps_cores_per_sample=ps_cores_per_sample(observations),
-            headroom=ws.cpu_margin,
+            worker_cores_per_sample=cores_per_sample(observations, "worker"),
+            ps_cores_per_sample=cores_per_sample(observations, "ps"),
+            headroom=settings.auto_scale.idle_headroom,
+            ps_headroom=settings.auto_scale.ps_demand_headroom,
         )
         target = search(
             model,

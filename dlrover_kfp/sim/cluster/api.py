@@ -139,6 +139,14 @@ class JobOutcome:
     #: single pods relaunched (elastic policies: after a failure, or a straggler replaced);
     #: whole-job restarts are ``restarts``
     relaunches: int = 0
+    #: samples/s of the job's last plan on its truth, without stragglers or a hot PS
+    #: (None: it never started)
+    final_plan_throughput: float | None = None
+    #: the same, of the plans in effect weighted by how long each held the job's pods
+    mean_plan_throughput: float | None = None
+    #: the most samples/s any configuration within the job's quota reaches on its truth
+    #: (:mod:`~dlrover_kfp.sim.cluster.oracle`); None: nothing fits the quota
+    oracle_best: float | None = None
 
     @property
     def jct(self) -> float | None:

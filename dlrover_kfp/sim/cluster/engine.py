@@ -18,7 +18,8 @@ Time advances in steps of ``step_s`` simulated seconds. In each step, in this or
    since is lost) up to ``retry_limit`` times; an elastic one relaunches only the failed pod
    (a PS loses the work since its last flash checkpoint, a worker its current shard);
 4. the policy is asked for a new plan every ``decision_interval_s``; a plan that does not fit
-   the free capacity is cut to the workers that fit, or refused.
+   the free capacity is cut to the workers that fit, or refused (a cut back to the pods the
+   job already has changes nothing: no resize, no pause).
 
 Workers differ in pace as measured in real per-worker batch times (Alibaba PAI): a persistent
 imbalance per worker slot, drawn once per job (restarts and resizes keep it), and a straggler
@@ -53,6 +54,7 @@ from dlrover_kfp.core.profile import (
 )
 from dlrover_kfp.core.summary import format_timestamp
 from dlrover_kfp.sim.cluster.api import EPOCH, JobOutcome, JobView, Policy, Role
+from dlrover_kfp.sim.cluster.oracle import best_throughput
 from dlrover_kfp.sim.cluster.stragglers import StragglerModel
 from dlrover_kfp.sim.cluster.trace import TraceJob
 
@@ -140,6 +142,8 @@ class _Run:
     straggler: tuple[float, float, float, int] | None = None  # onset, end, factor, worker
     slowdowns: tuple[float, ...] = ()
     profiled: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: (trace time, plan) each time the pods in effect change, from the job's start
+    plan_log: list[tuple[float, ResourcePlan]] = field(default_factory=list)
     profile_s: float = 0.0
     #: (start, end, cores used) of each profiled configuration's training, in trace seconds
     profile_use: list[tuple[float, float, float]] = field(default_factory=list)
@@ -309,6 +313,7 @@ class Simulation:
         first = run.started_at is None
         if first:
             run.started_at = t
+            run.plan_log.append((t, run.plan))
         run.incarnation_start = t
         if first:
             self._profile(run, t)
@@ -694,6 +699,10 @@ class Simulation:
             fitted = self._fit_workers(new, 1, "free capacity")
             if fitted is not None:
                 placement, new = fitted
+            if new.workers == old.workers and new.ps == old.ps and placement is not None:
+                # cut back to the pods it has: nothing changes, so no resize and no pause
+                run.placement = placement
+                return
         if placement is None:
             restored = self._place(old)
             assert restored is not None, "the old pods' capacity was just released"
@@ -704,6 +713,7 @@ class Simulation:
         run.resizes += 1
         run.pause_until = max(run.pause_until, t + pause)
         run.plans.append(self._applied(new, t - run.incarnation_start))
+        run.plan_log.append((t, new))
 
     def _replace_workers(self, run: _Run, plan: ResourcePlan, t: float) -> bool:
         """Apply ``replace_worker`` actions: the named workers get new pods at nominal pace."""
@@ -769,7 +779,43 @@ class Simulation:
             warm_started=bool(run.plans) and run.plans[0].stage is Stage.WARM_START,
             self_inflicted_ooms=run.self_inflicted_ooms,
             relaunches=run.relaunches,
+            **self._plan_throughputs(run),
         )
+
+    def _plan_throughputs(self, run: _Run) -> dict[str, float | None]:
+        """The truth's throughput of the job's plans (no stragglers, no hot PS: the plan's
+        worth, not the luck of its pods) and the oracle's best in the job's quota
+        (:mod:`.oracle`, memory as this policy's runtime needs it):
+
+        * ``final_plan_throughput``: X(the last plan in effect);
+        * ``mean_plan_throughput``: Σ X(plan_i) · d_i / Σ d_i, d_i the seconds plan i held the
+          job's pods between its start and its end (pauses included);
+        * ``oracle_best``: the most any configuration in quota reaches.
+
+        Empty for a job that never started.
+        """
+        if not run.plan_log or run.finished_at is None:
+            return {}
+        job = run.job
+        truth, batch = job.truth.throughput, job.spec.training.batch_size
+
+        def x(plan: ResourcePlan) -> float:
+            g, p = plan.workers, plan.ps
+            return truth.throughput(g.count, p.count, g.cpu, p.cpu, batch)
+
+        ends = [t for t, _ in run.plan_log[1:]] + [max(run.finished_at, run.plan_log[-1][0])]
+        spans = [(end - t, x(plan)) for (t, plan), end in zip(run.plan_log, ends, strict=True)]
+        total = sum(d for d, _ in spans)
+        c = self.cluster
+        return {
+            "final_plan_throughput": spans[-1][1],
+            "mean_plan_throughput": (
+                sum(d * v for d, v in spans) / total if total > 0 else spans[-1][1]
+            ),
+            "oracle_best": best_throughput(
+                job, c.node_cpu, c.node_memory_mb, snapshot=self.policy.elastic
+            ),
+        }
 
 
 def request_would_hold(job: TraceJob, role: Role, *, snapshot: bool) -> bool:

@@ -8,7 +8,12 @@
 * What each policy did, so that a figure can be traced to its cause: jobs warm-started from
   history, OOM kills and the self-inflicted ones among them (kills the user's own request would
   have avoided, :func:`~dlrover_kfp.sim.cluster.engine.request_would_hold`), single-pod
-  relaunches and resizes.
+  relaunches and resizes; the jobs whose planner needs exceeded their quota (``infeasible_jobs``,
+  counted by the policy: the run's outcomes do not say it).
+* How good the plans are, apart from the cluster's luck: each started job's plan throughput on
+  its truth (no stragglers, no hot PS) over the oracle's best within its quota
+  (:mod:`~dlrover_kfp.sim.cluster.oracle`), for its final plan and for its plans weighted by the
+  time each was in effect; the median and mean over jobs.
 """
 
 from __future__ import annotations
@@ -32,10 +37,19 @@ METRICS = (
     "memory_utilization",
     "oom_failures",
     "self_inflicted_ooms",
+    "infeasible_jobs",
     "warm_started",
     "relaunches",
     "resizes",
+    "plan_vs_oracle_final",
+    "plan_vs_oracle_timed",
 )
+
+#: Table labels of the metrics whose name does not say it.
+LABELS = {
+    "plan_vs_oracle_final": "plan X / oracle best (final)",
+    "plan_vs_oracle_timed": "plan X / oracle best (time-weighted)",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +70,10 @@ class PolicySummary:
     warm_started: int = 0
     #: OOM kills the user's own request would have avoided (a subset of ``oom_failures``)
     self_inflicted_ooms: int = 0
+    #: jobs whose planner needs exceeded their quota at least once and that fell back instead
+    #: (the user's request at the start, the plan kept or grown only within the quota in a
+    #: stage); the policy counts them (``infeasible_jobs``; 0 for a policy without the count)
+    infeasible_jobs: int = 0
     #: single pods relaunched (elastic policies); whole-job restarts are ``restarts``
     relaunches: int = 0
     #: jobs that never started (still queued when the simulation ended)
@@ -66,13 +84,35 @@ class PolicySummary:
     failures: dict[str, int] = field(default_factory=dict)
     #: jobs that failed, by the reason of their last failure
     failed_jobs: dict[str, int] = field(default_factory=dict)
+    #: median over started jobs of final plan throughput / oracle best in quota (truth, no
+    #: stragglers); the ``_mean`` fields are the means
+    plan_vs_oracle_final: float | None = None
+    plan_vs_oracle_final_mean: float | None = None
+    #: the same with the plans weighted by the time each was in effect
+    plan_vs_oracle_timed: float | None = None
+    plan_vs_oracle_timed_mean: float | None = None
+    #: started jobs whose quota holds no configuration on the truth (the truth's memory for one
+    #: worker and one PS does not fit): left out of the ``plan_vs_oracle`` figures
+    no_oracle_jobs: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def _ratios(result: SimulationResult, attribute: str) -> list[float]:
+    """Per started job whose quota fits a configuration: plan throughput / oracle best."""
+    out = []
+    for o in result.outcomes:
+        value = getattr(o, attribute)
+        if value is not None and o.oracle_best:
+            out.append(value / o.oracle_best)
+    return out
+
+
 def summarize(result: SimulationResult) -> PolicySummary:
     jcts = [o.jct for o in result.outcomes if o.succeeded and o.jct is not None]
+    final = _ratios(result, "final_plan_throughput")
+    timed = _ratios(result, "mean_plan_throughput")
     cpu_alloc = sum(u.cpu_allocated for u in result.utilisation)
     mem_alloc = sum(u.memory_allocated_mb for u in result.utilisation)
     return PolicySummary(
@@ -108,6 +148,13 @@ def summarize(result: SimulationResult) -> PolicySummary:
                     if not o.succeeded
                 ).items()
             )
+        ),
+        plan_vs_oracle_final=statistics.median(final) if final else None,
+        plan_vs_oracle_final_mean=statistics.fmean(final) if final else None,
+        plan_vs_oracle_timed=statistics.median(timed) if timed else None,
+        plan_vs_oracle_timed_mean=statistics.fmean(timed) if timed else None,
+        no_oracle_jobs=sum(
+            1 for o in result.outcomes if o.final_plan_throughput is not None and not o.oracle_best
         ),
     )
 
@@ -150,6 +197,8 @@ def _fmt(metric: str, value: float | None, *, unit: bool = True) -> str:
         return f"{value / 60:.1f}" + (" min" if unit else "")
     if metric in ("completion_rate", "cpu_utilization", "memory_utilization"):
         return f"{100 * value:.1f}" + ("%" if unit else "")
+    if metric.startswith("plan_vs_oracle"):
+        return f"{value:.3f}"
     return f"{value:.0f}"
 
 
@@ -168,11 +217,15 @@ def format_table(table: dict[str, dict[str, Spread]], baseline: str = "manual") 
             cells.append(text)
         rows.append(cells)
     widths = [2 + max(len(p), *(len(row[k]) for row in rows)) for k, p in enumerate(policies)]
-    header = f"{'metric':<20}" + "".join(f"{p:>{w}}" for p, w in zip(policies, widths, strict=True))
+    labels = [LABELS.get(metric, metric) for metric in METRICS]
+    first = max(20, *(len(label) for label in labels))
+    header = f"{'metric':<{first}}" + "".join(
+        f"{p:>{w}}" for p, w in zip(policies, widths, strict=True)
+    )
     lines = [header, "-" * len(header)]
-    for metric, cells in zip(METRICS, rows, strict=True):
+    for label, cells in zip(labels, rows, strict=True):
         lines.append(
-            f"{metric:<20}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
+            f"{label:<{first}}" + "".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True))
         )
     if baseline in table:
         lines.append("")

@@ -3,10 +3,14 @@
 Each policy gets its own fresh instance (and so its own history) and its own copy of the
 cluster; the trace, the cluster size, the fault rates and the seed are the same for all, so the
 policies meet the same arrivals, the same node failures' rates and the same straggler draws.
+
+The quota regime (:data:`~dlrover_kfp.sim.cluster.trace.QuotaRegime`) is applied to the trace
+once, before any policy sees it: every policy, manual included, meets the same quotas.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -16,8 +20,9 @@ from dlrover_kfp.core.planner.settings import PlannerSettings
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.sim.cluster.api import Policy
 from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings, Simulation
+from dlrover_kfp.sim.cluster.policies.oracle import REFERENCES, OraclePolicy
 from dlrover_kfp.sim.cluster.results import PolicySummary, summarize
-from dlrover_kfp.sim.cluster.trace import TraceJob
+from dlrover_kfp.sim.cluster.trace import QuotaRegime, TraceJob, in_regime
 
 
 def _manual() -> Policy:
@@ -53,12 +58,14 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 
 
 def parse_policies(text: str) -> list[str]:
+    """Policy names, the four peers (:data:`POLICIES`) and the truth-given references
+    (:data:`~dlrover_kfp.sim.cluster.policies.oracle.REFERENCES`, opt-in)."""
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in POLICIES]
+    unknown = [n for n in names if n not in POLICIES and n not in REFERENCES]
     if unknown or not names:
         raise UserInputError(
             f"--policies: unknown policy {', '.join(unknown) or '(none)'}; "
-            f"choose from {', '.join(POLICIES)}"
+            f"choose from {', '.join([*POLICIES, *REFERENCES])}"
         )
     return names
 
@@ -67,13 +74,26 @@ def parse_policies(text: str) -> list[str]:
 class Comparison:
     seed: int
     summaries: tuple[PolicySummary, ...]
+    #: the quota regime the policies ran under
+    quota: QuotaRegime
     #: per policy: the outcomes and utilisation series, for plots
     jct_minutes: dict[str, list[float]]
     utilisation: dict[str, list[tuple[float, float, float]]]  # (hour, cpu util, memory util)
 
 
-def make_policy(name: str, planner: PlannerSettings | None = None) -> Policy:
-    """A fresh instance of policy ``name``; ``planner`` configures dlrover-kfp."""
+def make_policy(
+    name: str,
+    planner: PlannerSettings | None = None,
+    *,
+    jobs: Sequence[TraceJob] = (),
+    cluster: ClusterSettings | None = None,
+) -> Policy:
+    """A fresh instance of policy ``name``; ``planner`` configures dlrover-kfp; a reference
+    (``oracle-<a>``) is handed the trace's ``jobs``, truths included, and the ``cluster``."""
+    if name in REFERENCES:
+        if cluster is None:
+            raise ValueError(f"{name}: a reference policy needs the cluster and the jobs")
+        return OraclePolicy(jobs, cluster, REFERENCES[name])
     return _ours(planner) if name == "dlrover-kfp" else POLICIES[name]()
 
 
@@ -85,7 +105,12 @@ def run_policy(
     seed: int,
     planner: PlannerSettings | None = None,
 ) -> tuple[PolicySummary, list[float], list[tuple[float, float, float]]]:
-    result = Simulation(jobs, make_policy(name, planner), cluster, faults, seed=seed).run()
+    policy = make_policy(name, planner, jobs=jobs, cluster=cluster)
+    result = Simulation(jobs, policy, cluster, faults, seed=seed).run()
+    # Only the policy knows where its planner fell back for the quota (dlrover-kfp counts it).
+    summary = dataclasses.replace(
+        summarize(result), infeasible_jobs=getattr(policy, "infeasible_jobs", 0)
+    )
     jct = sorted(o.jct / 60 for o in result.outcomes if o.succeeded and o.jct is not None)
     series = [
         (
@@ -95,7 +120,7 @@ def run_policy(
         )
         for u in result.utilisation
     ]
-    return summarize(result), jct, series
+    return summary, jct, series
 
 
 def compare(
@@ -108,8 +133,11 @@ def compare(
     processes: int | None = None,
     progress: Callable[[str], None] | None = None,
     planner: PlannerSettings | None = None,
+    quota: QuotaRegime = "headroom",
 ) -> Comparison:
-    """Every policy over ``jobs``; in parallel processes when more than one core is free."""
+    """Every policy over ``jobs`` under quota regime ``quota``; in parallel processes when more
+    than one core is free."""
+    jobs = in_regime(jobs, quota)
     workers = processes or min(len(policies), os.cpu_count() or 1)
     summaries: dict[str, PolicySummary] = {}
     jcts: dict[str, list[float]] = {}
@@ -134,6 +162,7 @@ def compare(
     return Comparison(
         seed=seed,
         summaries=tuple(summaries[n] for n in policies),
+        quota=quota,
         jct_minutes=jcts,
         utilisation=series,
     )

@@ -11,6 +11,11 @@
 * a failed pod: Stage 3 with the failure as an event (OOM: more memory or more PS);
 * at the end: the job's profile goes into the history.
 
+A job whose planner needs exceeded its quota at least once (warm start fell back to the user's
+request, a stage kept its plan or grew only as far as the quota allowed:
+:func:`~dlrover_kfp.core.planner.quota.over_quota`) is counted in ``infeasible_jobs`` when it
+ends.
+
 Nothing here re-implements planning; this module only translates between the simulator's
 protocol and the planner's functions.
 """
@@ -25,6 +30,7 @@ from dlrover_kfp.core.planner import PlannerSettings, context_from_spec
 from dlrover_kfp.core.planner.auto_scale import ScalingStep, auto_scale, throughput_before
 from dlrover_kfp.core.planner.context import PlanningContext
 from dlrover_kfp.core.planner.post_scale import Instability, post_scale
+from dlrover_kfp.core.planner.quota import over_quota
 from dlrover_kfp.core.profile import JobEvent, JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.history.memory import InMemoryHistoryStore
@@ -43,6 +49,8 @@ class _JobState:
     quiet: int = 0
     skipped: int = 0
     history: list[str] = field(default_factory=list)
+    #: whether a plan or decision for this job said the planner's needs exceed the quota
+    over_quota: bool = False
 
 
 class PlannerPolicy:
@@ -67,12 +75,18 @@ class PlannerPolicy:
         #: states made by ``initial`` (which sees only the spec), per job name, oldest first:
         #: runs of one recurring job share a name and may overlap
         self.pending: dict[str, list[_JobState]] = {}
+        #: jobs ended whose planner needs exceeded the quota at least once (module docstring)
+        self.infeasible_jobs = 0
 
     def initial(self, spec: JobSpec, now: float) -> ResourcePlan:
         # The store dates profiles in wall-clock time (EPOCH + trace seconds): one clock.
         clock = FixedClock(EPOCH + now)
         plan, known = plan_job_with_history(spec, self.store, clock, self.settings)
-        state = _JobState(ctx=context_from_spec(spec, self.settings), known=known)
+        state = _JobState(
+            ctx=context_from_spec(spec, self.settings),
+            known=known,
+            over_quota=over_quota(plan.reason),
+        )
         self.pending.setdefault(spec.name, []).append(state)
         return plan
 
@@ -105,6 +119,7 @@ class PlannerPolicy:
         if post is not None:
             state.quiet = 0
             state.last_step = None
+            state.over_quota |= over_quota(post.reason)
             return post
         decision = auto_scale(
             state.ctx,
@@ -117,6 +132,7 @@ class PlannerPolicy:
         )
         if decision.plan is None:
             state.quiet += 1
+            state.over_quota |= over_quota(decision.reason)
             return None
         state.quiet = 0
         measured = throughput_before(job.samples, self.settings)
@@ -141,11 +157,14 @@ class PlannerPolicy:
         events = self._new_events(job, state)
         window = job.samples[-self.settings.auto_scale.min_samples * 4 :]
         state.last_step = None
-        return post_scale(state.ctx, job.plan, Instability(window, events), now, self.settings)
+        post = post_scale(state.ctx, job.plan, Instability(window, events), now, self.settings)
+        state.over_quota |= post is not None and over_quota(post.reason)
+        return post
 
     def finished(self, profile: JobProfile) -> None:
         self.store.record(profile)
-        if self.jobs.pop(profile.run_id, None) is None:  # it never reached a decision
+        state = self.jobs.pop(profile.run_id, None)
+        if state is None:  # it never reached a decision
             waiting = self.pending.get(profile.job.name)
-            if waiting:
-                waiting.pop(0)
+            state = waiting.pop(0) if waiting else None
+        self.infeasible_jobs += state is not None and state.over_quota
