@@ -207,22 +207,25 @@ def test_the_cost_objective_gives_back_more_idle_cpu_than_the_fastest() -> None:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_the_default_objective_trades_speed_for_cpu_above_its_floor(seed: int) -> None:
-    """The default (cost, floor 0.7) from a small start: a plan with more throughput per core
-    than the fastest objective's and at least ~0.7 of the best (the floor is on predictions:
+    """The default (cost, floor 0.85) from a small start: a plan with more throughput per core
+    than the fastest objective's and at least ~0.85 of the best (the floor is on predictions:
     a few points of model error below it), within the quota throughout."""
-    assert (_DEFAULTS.auto_scale.objective, _DEFAULTS.auto_scale.throughput_floor) == ("cost", 0.7)
+    assert (_DEFAULTS.auto_scale.objective, _DEFAULTS.auto_scale.throughput_floor) == (
+        "cost",
+        0.85,
+    )
     truth = Truth()
     quota = 64.0
     _, best = truth.best_within(quota, 32, 8, CPU_LADDER)
     # 10 rounds, not 8 (issue 30): with the workers' CPU floor their work per sample rather
     # than their pod size, the loop from this 1-core start first tries 0.5-core workers and
-    # needs two more rounds to reach the plan it reached before (26-27 x 1 core + 8 PS x 1.5,
-    # 0.70-0.71 of the best on every seed).
+    # needs two more rounds to reach its plan.
     kw = {"rounds": 10, "seed": seed}
     by_cost = run_loop(truth, plan(1, 1.0, 1, 1.0), quota, settings=_DEFAULTS, **kw)[-1]  # type: ignore[arg-type]
     fastest = run_loop(truth, plan(1, 1.0, 1, 1.0), quota, **kw)[-1]  # type: ignore[arg-type]
     x_cost, x_fast = truth.throughput(config(by_cost)), truth.throughput(config(fastest))
-    assert x_cost >= 0.6 * best, (config(by_cost), x_cost / best)
+    # measured 0.86-0.88 of the best on these seeds (0.70-0.71 at the old floor 0.7)
+    assert x_cost >= 0.8 * best, (config(by_cost), x_cost / best)
     assert x_cost / by_cost.total_cpu > x_fast / fastest.total_cpu, (
         config(by_cost),
         config(fastest),
