@@ -152,19 +152,15 @@ def test_the_fallback_is_the_request_with_its_reason() -> None:
     # The earlier run's PS used 3 x 16 GiB and were OOM-killed; the new request holds 8 GiB in
     # all: no plan from that history fits, so the job runs what the user asked for.
     spec = held_to_request(tuple(DEFAULT_TABLES), (2, 2.0, 2048), (2, 2.0, 2048))
-    history = [
-        summarize(
-            make_profile(
-                run_id="big",
-                started_at=NOW - 86400.0,
-                ps=3,
-                ps_memory_mb=16384,
-                memory_used_fraction=0.95,
-                oom_events=1,
-            )
-        )
-    ]
-    plan = warm_start(spec, context_from_spec(spec, SETTINGS), history, SETTINGS, NOW)
+    big = make_profile(
+        run_id="big",
+        started_at=NOW - 86400.0,
+        ps=3,
+        ps_memory_mb=16384,
+        memory_used_fraction=0.95,
+        oom_events=1,
+    )
+    plan = warm_start(spec, context_from_spec(spec, SETTINGS), [summarize(big)], SETTINGS, NOW)
     assert plan.stage is Stage.WARM_START and plan.similar_jobs == ("big",)
     assert (plan.workers.count, plan.workers.memory_mb, plan.ps.count, plan.ps.memory_mb) == (
         2,
@@ -176,16 +172,7 @@ def test_the_fallback_is_the_request_with_its_reason() -> None:
     assert "the user's own request instead" in plan.reason
     # The path the CLI and the pipelines take: the same plan, and the similar job's points.
     store = InMemoryHistoryStore()
-    store.record(
-        make_profile(
-            run_id="big",
-            started_at=NOW - 86400.0,
-            ps=3,
-            ps_memory_mb=16384,
-            memory_used_fraction=0.95,
-            oom_events=1,
-        )
-    )
+    store.record(big)
     via, known = plan_job_with_history(spec, store, FixedClock(NOW), SETTINGS)
     assert (via.workers, via.ps) == (plan.workers, plan.ps) and known
 
