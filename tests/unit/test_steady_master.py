@@ -12,7 +12,6 @@ Stage 2), each PS switch taking 1 s of the fake clock with nothing trained meanw
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,19 +21,12 @@ from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner import AutoScaleDecision, PlannerSettings
 from dlrover_kfp.core.profile import RuntimeSample
 from dlrover_kfp.runtime import elastic
-from dlrover_kfp.training.wire import Server
 from tests.factories import node_sample
 from tests.fakes.clock import FakeClock
-from tests.unit.test_elastic_master import Run, build_run
 
-_servers: list[Server] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_servers() -> Iterator[None]:
-    yield
-    while _servers:
-        _servers.pop().close()
+# _close_servers: test_elastic_master's autouse fixture, which closes the servers its _run made
+from tests.unit.test_elastic_master import Run, _close_servers  # noqa: F401
+from tests.unit.test_elastic_master import _run as _started
 
 
 def _local(planner: PlannerSettings) -> PlannerSettings:
@@ -46,9 +38,7 @@ def _local(planner: PlannerSettings) -> PlannerSettings:
 def _run(tmp_path: Path, ps_cpu: float) -> tuple[Run, list[str]]:
     """The run of test_elastic_master's SPEC (2 workers x 0.5 core, 2 PS), its PS at
     ``ps_cpu``, its PS switches 1 s each on the fake clock; returns it and its progress lines."""
-    run, _, _ = build_run(tmp_path)
-    assert run.server is not None
-    _servers.append(run.server)
+    run, _, _ = _started(tmp_path)
     policy = run.policy
     policy.planner = _local(policy.planner)
     run.start = run.clock.monotonic()
