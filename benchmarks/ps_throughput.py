@@ -119,6 +119,12 @@ MODELS = {
     "medium": ModelSize(
         26, 1_000_000, 32, (128, 64, 32), (128, 64, 1), 1024, 1_000_000, 12, "22Gi"
     ),
+    # The small model's tables under MLPs ~15x its multiply-adds per sample: compute on the
+    # worker dominates, as in cluster DLRMs, and 512-wide matrices split across threads
+    # (benchmarks/resource_curves.py measures workers above one core with it).
+    "wide": ModelSize(26, 100_000, 16, (512, 256, 16), (512, 256, 1), 1024, 300_000, 6, "8Gi"),
+    # ~4x the wide model's multiply-adds per sample: a cluster DLRM's worker compute per sample
+    "xwide": ModelSize(26, 100_000, 16, (1024, 512, 16), (1024, 512, 1), 1024, 150_000, 4, "8Gi"),
 }
 
 

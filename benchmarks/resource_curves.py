@@ -147,13 +147,13 @@ MEDIUM_POINTS = (
 
 #: Rough speed of each model relative to the prior (which describes the small one, DESIGN §7):
 #: only used to give every job about the same training time (``--target-s``).
-SPEED_FACTOR = {"small": 1.0, "medium": 0.6}
+SPEED_FACTOR = {"small": 1.0, "medium": 0.6, "wide": 0.45, "xwide": 0.12}
 
 SAMPLE_INTERVAL_S = 0.25
 
 #: Longest a job may take, start-up and evaluation included: a small job at the slowest point
 #: takes ~40 s; a medium PS spends a minute or more starting and checkpointing at its CPU limit.
-JOB_TIMEOUT_S = {"small": 300.0, "medium": 1500.0}
+JOB_TIMEOUT_S = {"small": 300.0, "medium": 1500.0, "wide": 600.0, "xwide": 900.0}
 
 
 def grid(budget: float) -> list[Config]:

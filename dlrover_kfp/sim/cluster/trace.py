@@ -76,7 +76,7 @@ from dlrover_kfp.core.spec import (
 from dlrover_kfp.core.types import CONTRACT_CONFIG, NonNegFloat, Str
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import iter_json_lines, write_atomic
-from dlrover_kfp.sim.cluster.trainer_fit import packaged_fit, trainer_truth
+from dlrover_kfp.sim.cluster.trainer_fit import packaged_fit, serial_at, trainer_truth
 from dlrover_kfp.sim.cluster.truth import (
     JobTruth,
     MemoryTruth,
@@ -715,17 +715,23 @@ def _trainer_for(template: _Template, day: int, reference: PsContentionTruth) ->
     """A trainer truth for one run: the measured shape (trainer_fit) at the job's compute per
     sample, with the same throughput as ``reference`` at the request.
 
-    The thread caps are the reference's draws and the serial fraction above one core is drawn
-    as roofline's (the measured workers never had more than one core); every time coefficient
-    is then scaled by one factor, as in :func:`_roofline_for`.
+    The thread caps are the reference's draws. The serial fraction above one core is the
+    measured one (trainer_fit.serial_at: the trainer's worker with two torch threads against
+    one, at three model sizes) at the job's compute per sample, times a draw in [0.8, 1.2]
+    (runs of one model differ), within [0, 1]. Every time coefficient is then scaled by one
+    factor, as in :func:`_roofline_for`.
     """
     rng = random.Random(template.roofline_seed + 7919 * (day + 1))
+    fit = packaged_fit()
+    measured = serial_at(fit, reference.compute)
+    jitter = rng.uniform(0.8, 1.2)
+    serial = rng.uniform(0.03, 0.15) if measured is None else min(1.0, measured * jitter)
     shape = trainer_truth(
-        packaged_fit(),
+        fit,
         compute=reference.compute,
         worker_threads=reference.worker_threads,
         ps_threads=reference.ps_threads,
-        serial=rng.uniform(0.03, 0.15),
+        serial=serial,
     )
     alpha = _time_scale(template, reference, shape)
     return TrainerTruth(
