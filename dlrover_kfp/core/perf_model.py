@@ -265,6 +265,10 @@ class FitSettings:
     configurations, the same bar as γ's. ``overlap_starts``: how many starting assignments the
     alternating fit tries; ``overlap_rounds``: how many re-assignments each may take. A fit of
     12 configurations takes about 1 ms more than the additive fit alone, 50 about 2 ms.
+
+    ``usage_bound``: where observations carry the workers' CPU use, θ1 may not exceed the
+    worker core-seconds per sample measured (the largest ``w · u / X``) times ``1 +
+    usage_tolerance``, and θ0 is refitted to the time left (:func:`_bound_by_usage`).
     """
 
     min_configs_for_full_fit: int = 3
@@ -279,6 +283,8 @@ class FitSettings:
     min_configs_per_branch: int = 1
     overlap_starts: int = 5
     overlap_rounds: int = 8
+    usage_bound: bool = True
+    usage_tolerance: float = 0.1
 
     def __post_init__(self) -> None:
         if self.min_configs_for_full_fit < 1:
@@ -306,6 +312,12 @@ class FitSettings:
             raise ValueError(f"overlap: must be true or false, got {self.overlap!r}")
         if not 0 <= self.overlap_margin < 1:
             raise ValueError(f"overlap_margin: must be in [0, 1), got {self.overlap_margin}")
+        if not isinstance(self.usage_bound, bool):
+            raise ValueError(f"usage_bound: must be true or false, got {self.usage_bound!r}")
+        if not (math.isfinite(self.usage_tolerance) and self.usage_tolerance >= 0):
+            raise ValueError(
+                f"usage_tolerance: must be finite and >= 0, got {self.usage_tolerance!r}"
+            )
         for name in ("min_configs_per_branch", "overlap_starts", "overlap_rounds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -495,6 +507,98 @@ def fit(
     prior: PerfModel = PRIOR,
     *,
     settings: FitSettings = FitSettings(),  # frozen: a shared default is safe
+) -> PerfModel:
+    """Fit θ (and γ, when the data identify it) to measured throughputs by weighted NNLS,
+    then hold the worker compute term to the CPU the workers were measured to use
+    (:func:`_bound_by_usage`, ``settings.usage_bound``). See :func:`_fit_times`."""
+    model = _fit_times(observations, prior, settings=settings)
+    if not observations or not settings.usage_bound:
+        return model
+    return _bound_by_usage(model, observations, settings.usage_tolerance)
+
+
+def _bound_by_usage(
+    model: PerfModel, observations: Sequence[Observation], tolerance: float
+) -> PerfModel:
+    """``model`` with its CPU terms no larger than the CPU measured per sample, θ0 refitted.
+
+    θ1·B/λw is the time a worker's λw cores spend computing a step, so the worker compute term
+    claims θ1 core-seconds per sample; a PS's λp cores serve the w/p workers' requests for
+    θ2·(w/p)^γ·B/λp of every round of w·B/p samples' worth, so the PS term claims θ2·(w/p)^(γ−1)
+    core-seconds per sample. The pods' measured use says what they really spend:
+
+        c_w = max_i (w_i · u_i / X_i)       θ1 <= c_w · (1 + tolerance)
+        c_p = max_i (p_i · v_i / X_i / (w_i/p_i)^(γ−1))     θ2 <= c_p · (1 + tolerance)
+
+    (u_i, v_i: mean cores used per worker, per PS). Times alone cannot tell a step's per-sample
+    work from its per-step overhead when the pods were measured at one size (θ0 and θ1·B/λw are
+    both constants there), and the prior's split (a small θ0) then credits every core with
+    speed: a 16-core worker that uses 4 would be modelled as 4x faster per core than it is, and
+    the planner would keep few big workers where more, smaller ones are faster at the same CPU
+    (PS likewise). With the CPU terms held to the measured use, the rest of each step is θ0,
+    the part more cores do not shorten (Amdahl's serial part, a thread cap, waiting), refitted
+    by least squares on the same relative residuals as the fit:
+
+        θ0 = max(0, Σ_i (T_i − r_i) / T_i² / Σ_i 1 / T_i²)     r_i: T_pred_i with θ0 = 0
+
+    A model that claims no more than the use is returned as it is.
+    """
+    theta = np.asarray(model.theta, dtype=np.float64)
+    changed = False
+    for j, ceiling in (
+        (1, _used_per_sample(observations, "worker", 1.0)),
+        (2, _used_per_sample(observations, "ps", model.gamma)),
+    ):
+        if ceiling is not None and theta[j] > ceiling * (1.0 + tolerance):
+            theta[j] = ceiling * (1.0 + tolerance)
+            changed = True
+    if not changed:
+        return model
+    theta[0] = 0.0
+    data = _design(observations)
+    rest = _predicted_times(dataclasses.replace(model, theta=_as_theta(theta)), data)
+    inv = 1.0 / data.t_obs
+    theta[0] = max(0.0, float(np.sum((data.t_obs - rest) * inv**2) / np.sum(inv**2)))
+    if not any(value > 0 for value in theta):
+        return model
+    pinned = tuple(
+        flag and not (j == 0 or theta[j] != model.theta[j]) for j, flag in enumerate(model.pinned)
+    )
+    bounded = dataclasses.replace(model, theta=_as_theta(theta), pinned=pinned)
+    previous = model.diagnostics
+    if previous is None:
+        return bounded
+    return _with_diagnostics(
+        bounded,
+        data,
+        identifiable=previous.identifiable,
+        scale_only=previous.scale_only,
+        gamma_identifiable=previous.gamma_identifiable,
+        overlap_searched=previous.overlap_searched,
+    )
+
+
+def _used_per_sample(observations: Sequence[Observation], role: str, gamma: float) -> float | None:
+    """The largest core-seconds per sample ``role``'s pods were measured to use, in θ's units
+    (for the PS, divided by ``(w/p)^(γ−1)``); None when no observation says."""
+    values = []
+    for o in observations:
+        c = o.config
+        used, pods = (o.worker_cpu_used, c.workers) if role == "worker" else (o.ps_cpu_used, c.ps)
+        if used is None or used <= 0 or o.throughput <= 0:
+            continue
+        per_sample = pods * used / o.throughput
+        if role == "ps" and gamma != 1.0:
+            per_sample /= (c.workers / c.ps) ** (gamma - 1.0)
+        values.append(per_sample)
+    return max(values) if values else None
+
+
+def _fit_times(
+    observations: Sequence[Observation],
+    prior: PerfModel,
+    *,
+    settings: FitSettings,
 ) -> PerfModel:
     """Fit θ (and γ, when the data identify it) to measured throughputs by weighted NNLS.
 

@@ -197,9 +197,14 @@ def test_the_cost_objective_gives_back_more_idle_cpu_than_the_fastest() -> None:
         kw = {"max_workers": 8, "max_ps": 4, "settings": settings}
         return run_loop(truth, start, 160.0, rounds=8, seed=seed, **kw)[-1]  # type: ignore[arg-type]
 
+    # The workers use at most 6 of their 16 cores (the truth's worker cap). With the model's
+    # compute term held to that measured use (perf_model._bound_by_usage) the fastest
+    # objective gives the idle cores back too, so the two may end equal; the cost objective
+    # never ends holding more, and it gives back on every seed.
     for seed in (1, 2, 3):
         by_cost, fastest = end(cost, seed), end(SETTINGS, seed)
-        assert by_cost.total_cpu < fastest.total_cpu, (config(by_cost), config(fastest))
+        assert by_cost.total_cpu <= fastest.total_cpu, (config(by_cost), config(fastest))
+        assert by_cost.total_cpu <= 0.5 * start.total_cpu, config(by_cost)
         x0, x1 = truth.throughput(config(start)), truth.throughput(config(by_cost))
         # the floor is on predictions; a few points of model error below it
         assert x1 >= 0.85 * x0, (config(by_cost), x1 / x0)
@@ -515,3 +520,52 @@ def test_the_workers_cpu_floor_is_their_work_per_sample_not_their_pod_size() -> 
     c = target.config
     assert c.worker_cpu < 2.5, c  # below the per-pod use: the old floor forbade it
     assert c.workers * c.worker_cpu >= per_sample * target.throughput * (1 + bounds.headroom)
+
+
+def test_no_probe_of_a_shape_whose_memory_need_has_outgrown_the_quota(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Workers idle on half their CPU (a probe's cue), but the PS' measured growth now needs
+    more memory than the current shape holds in the quota. A probe keeps the shape, so it
+    cannot be applied; it used to be swapped for the search's target, a different shape
+    applied under the probe's name and judged as one. Now the probe waits (Stage 3 reshapes
+    for memory)."""
+    import importlib  # noqa: PLC0415
+
+    from dlrover_kfp.core.planner.search import MemoryNeeds  # noqa: PLC0415
+
+    # the module, not the function the package exports under the same name
+    module = importlib.import_module("dlrover_kfp.core.planner.auto_scale")
+
+    truth = Truth()
+    current = plan(8, 4.0, 2, 4.0)
+    # the job's CPU quota is what it has: no growth competes with the probe
+    ctx = context_from_spec(spec(current.total_cpu, max_workers=8, max_ps=2), SETTINGS)
+    quota_mb = ctx.quota_memory_mb
+    # 8 workers and 2 PS no longer fit; 4 workers do.
+    need = MemoryNeeds(
+        worker_mb=4096, ps_fixed_mb=RUNTIME_MB, ps_state_mb=quota_mb - 6 * 4096 - 2 * RUNTIME_MB
+    )
+    assert need.total_mb(8, 2) > quota_mb >= need.total_mb(4, 2)
+    monkeypatch.setattr(module, "memory_needs", lambda *a, **k: (need, "raise"))
+    samples = truth.samples(current, 400.0, SAMPLES_PER_ROUND, random.Random(0))
+    idle = [
+        dataclasses.replace(
+            x,
+            nodes=tuple(
+                dataclasses.replace(n, cpu_used=0.4 * n.cpu_requested) if n.role == "worker" else n
+                for n in x.nodes
+            ),
+        )
+        for x in samples
+    ]
+    decision = auto_scale(ctx, current, idle, 1000.0, SETTINGS)
+    assert decision.plan is None or "probe" not in decision.plan.reason, decision.plan.reason
+    # the cue is real: with memory that fits, the same samples probe the workers
+    monkeypatch.setattr(
+        module,
+        "memory_needs",
+        lambda *a, **k: (dataclasses.replace(need, ps_state_mb=1024), "keep"),
+    )
+    probed = auto_scale(ctx, current, idle, 1000.0, SETTINGS)
+    assert probed.plan is not None and "probe" in probed.plan.reason, probed.reason

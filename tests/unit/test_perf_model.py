@@ -1058,3 +1058,79 @@ def test_nnls_that_stops_early_falls_back_to_bounded_least_squares() -> None:
         assert rnorm == pytest.approx(expected_rnorm, rel=1e-6)
         checked += 1
     assert checked > 50
+
+
+# ---------------------------------------------------------------- the CPU terms held to use
+
+
+def _amdahl_observation(w: int, lw: float, serial: float, work: float = 0.5) -> Observation:
+    """One worker-bound measurement of a job whose workers follow Amdahl's law: a step's
+    ``work`` core-seconds take ``work · (σ + (1 − σ) / λw)`` seconds and use the cores as a
+    worker does, ``work / step`` on average. The PS are fast and nearly idle."""
+    step = work * (serial + (1 - serial) / lw)
+    batch = 512
+    return Observation(
+        Config(w, 2, lw, 4.0),
+        batch,
+        w * batch / step,
+        worker_cpu_used=work / step,
+        ps_cpu_used=0.1,
+    )
+
+
+def test_cpu_terms_that_claim_more_than_was_used_are_held_to_the_use() -> None:
+    """Measured at one shape (8 workers of 16 cores that keep ~4 busy, PS nearly idle), the
+    scale fit of the prior spends most of each step on PS work and credits every worker core
+    with speed. Held to the measured use, the model sees what the Amdahl truth says: 16
+    workers of 8 cores are much faster at the same CPU."""
+    serial = 0.2
+    here = _amdahl_observation(8, 16.0, serial)
+    seen = [here] * 3
+    bounded = fit(seen)
+    unbounded = fit(seen, settings=FitSettings(usage_bound=False))
+    worker_use = 8 * here.worker_cpu_used / here.throughput  # type: ignore[operator]
+    ps_use = 2 * here.ps_cpu_used / here.throughput  # type: ignore[operator]
+    assert unbounded.theta[2] > 10 * ps_use  # the prior's split: what the bound is for
+    assert bounded.theta[1] <= worker_use * 1.1 * (1 + 1e-9)
+    assert bounded.theta[2] <= ps_use * 1.1 * (1 + 1e-9)
+    # the measured shape is still predicted (θ0 took the rest of the step)
+    assert bounded.throughput(here.config, 512) == pytest.approx(here.throughput, rel=0.02)
+    there = _amdahl_observation(16, 8.0, serial)
+    truth_gain = there.throughput / here.throughput  # 1.67
+
+    def gain(model: PerfModel) -> float:
+        return model.throughput(there.config, 512) / model.throughput(here.config, 512)
+
+    assert gain(unbounded) < 1.15
+    assert 1.3 < gain(bounded) <= truth_gain * 1.05
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_bound_never_leaves_a_cpu_term_above_the_measured_use(seed: int) -> None:
+    """Random measurements of one job's Amdahl workers at 1-4 shapes: θ1 within the largest measured
+    worker core-seconds per sample (with the tolerance), θ2 within the PS', and every
+    observation still predicted within a factor of two."""
+    rng = np.random.default_rng(seed)
+    serial = float(rng.uniform(0.0, 0.5))
+    seen = []
+    for _ in range(int(rng.integers(1, 5))):
+        w, lw = int(rng.integers(1, 17)), float(rng.choice([1.0, 2.0, 4.0, 8.0, 16.0]))
+        seen.append(_amdahl_observation(w, lw, serial))
+    model = fit(seen)
+    worker_use = max(o.config.workers * o.worker_cpu_used / o.throughput for o in seen)  # type: ignore[operator]
+    ps_use = max(o.config.ps * o.ps_cpu_used / o.throughput for o in seen)  # type: ignore[operator]
+    assert model.theta[1] <= worker_use * 1.1 * (1 + 1e-9)
+    if model.gamma == 1.0:
+        assert model.theta[2] <= ps_use * 1.1 * (1 + 1e-9)
+    for o in seen:
+        ratio = model.throughput(o.config, o.batch_size) / o.throughput
+        assert 0.5 < ratio < 2.0, (o, ratio)
+
+
+def test_observations_without_cpu_use_fit_as_before() -> None:
+    seen = [
+        dataclasses.replace(
+            _amdahl_observation(8, 16.0, 0.2), worker_cpu_used=None, ps_cpu_used=None
+        )
+    ]
+    assert fit(seen).theta == fit(seen, settings=FitSettings(usage_bound=False)).theta

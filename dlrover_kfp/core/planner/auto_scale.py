@@ -369,6 +369,11 @@ def auto_scale(
         why = f"gives back {saving:.0%} of the cost for {gain - 1:+.1%} throughput"
     else:
         give_back = _probe(cur, observations, s, ctx.node.cpu_step)
+        if give_back is not None and not _fits(give_back[0], memory, ctx):
+            # The PS' memory need rose past what this shape holds in the quota: a probe of
+            # it would be replaced by the search's target (see _groups), a different shape
+            # than the one probed. Stage 3 reshapes for memory; the probe waits.
+            give_back = None
         kind = "give_back"
         if give_back is None and memory_change == "give_back":
             freed = current.total_memory_mb - memory.total_mb(cur.workers, cur.ps)
@@ -482,14 +487,21 @@ def memory_needs(
     return sized, "give_back"
 
 
+def _fits(step: Config, memory: MemoryNeeds, ctx: PlanningContext) -> bool:
+    """Whether ``step``, with the memory per pod ``memory`` gives it, is within the quota."""
+    return (
+        step.total_cpu <= ctx.quota_cpu + 1e-9
+        and memory.total_mb(step.workers, step.ps) <= ctx.quota_memory_mb
+    )
+
+
 def _groups(
     step: Config, memory: MemoryNeeds, ctx: PlanningContext, target: Config, target_ps_mb: int
 ) -> tuple[NodeGroup, NodeGroup]:
     """Node groups for a stepped configuration; the target itself if the step breaks the quota
     (fewer PS than the target need more memory each)."""
     ps_mb = memory.ps_mb(step.ps)
-    mem = memory.total_mb(step.workers, step.ps)
-    if step.total_cpu > ctx.quota_cpu + 1e-9 or mem > ctx.quota_memory_mb:
+    if not _fits(step, memory, ctx):
         step, ps_mb = target, target_ps_mb
     return (
         NodeGroup(count=step.workers, cpu=step.worker_cpu, memory_mb=memory.worker_mb),
