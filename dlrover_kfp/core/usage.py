@@ -40,6 +40,28 @@ def observations_from_samples(
     return tuple(result)
 
 
+def settled(samples: Sequence[RuntimeSample]) -> list[RuntimeSample]:
+    """Of one shape's samples (from the start of its pods, or of its change, on), those that
+    tell its steady speed.
+
+    Until the first report of trained rows the pods are starting, and the first sample with
+    progress is partial: both are left out. A pod the change replaced can still report its
+    last shard just after the change; that progress is followed by the new pods' start-up
+    (samples without progress) and then their own first, partial, report. Progress at the
+    head followed by a pause is therefore the replaced pod's: the shape settles only after the
+    next report (a CI run judged a scale-out on six start-up samples that followed such a
+    report, measured -100%, and rolled it back). A pause after the shape has reported twice
+    in a row is the shape's own and stays."""
+    first = next((i for i, x in enumerate(samples) if x.throughput > 0), None)
+    if first is None:
+        return []
+    second = next((i for i in range(first + 1, len(samples)) if samples[i].throughput > 0), None)
+    if second is None:
+        return []
+    start = first if second == first + 1 else second
+    return list(samples[start + 1 :])
+
+
 def abandoned_configs(samples: Sequence[RuntimeSample]) -> frozenset[Config]:
     """Configurations the job ran with and then left for one it had run with before: a step
     rolled back (or a probe undone). Measurement judged them once; proposing them again on the

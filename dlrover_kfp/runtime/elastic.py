@@ -104,6 +104,7 @@ from dlrover_kfp.core.planner.steadiness import Move, Proposal, refusal
 from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent, RuntimeSample
 from dlrover_kfp.core.reconcile import ChangeKind, Pod, move_ps, reconcile
 from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.core.usage import settled
 from dlrover_kfp.ports import (
     Clock,
     ClusterBackend,
@@ -543,14 +544,11 @@ class ElasticPolicy:
         grows while it loads and warms up, which is no trend toward a limit. Those samples are
         left out of what Stage 2 and Stage 3 see.
         """
-        settled: list[RuntimeSample] = []
+        out: list[RuntimeSample] = []
         for k, start in enumerate(self._starts):
             end = self._starts[k + 1] if k + 1 < len(self._starts) else len(self.run.samples)
-            part = self.run.samples[start:end]
-            first = next((i for i, x in enumerate(part) if x.throughput > 0), None)
-            if first is not None:
-                settled.extend(part[first + 1 :])
-        return settled
+            out.extend(settled(self.run.samples[start:end]))
+        return out
 
     def _lease_ages(self, state: MasterState) -> dict[str, float]:
         """Per worker pod, how long it has held its oldest shard without reporting it."""

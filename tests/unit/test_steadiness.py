@@ -26,6 +26,7 @@ from dlrover_kfp.core.planner.steadiness import (
 )
 from dlrover_kfp.core.profile import RuntimeSample
 from dlrover_kfp.core.shards import ShardLedger
+from dlrover_kfp.core.usage import settled
 
 SETTINGS = PlannerSettings()
 LOW = Config(1, 1, 1.0, 0.25)  # the PS at a quarter core ...
@@ -208,3 +209,31 @@ def test_refusal_prices_the_hold_by_the_measured_cost() -> None:
     why = refusal(again, moves, samples, 50.0, 10**9, SETTINGS)
     assert why is not None and why.startswith("held:")
     assert refusal(again, moves, samples, 331.0, 10**9, SETTINGS) is None
+
+
+def _at(t: float, x: float) -> RuntimeSample:
+    return RuntimeSample(
+        time=t, global_step=0, throughput=x, workers=3, ps=1, worker_cpu=0.25, ps_cpu=0.25
+    )
+
+
+@pytest.mark.parametrize(
+    ("rates", "steady"),
+    [
+        # a start: start-up, the partial first report, then the shape's speed
+        ([0, 0, 8e3, 9e4, 1e5], [9e4, 1e5]),
+        # an in-place change: progress throughout, the first sample partial
+        ([5e4, 9e4, 1e5], [9e4, 1e5]),
+        # a replaced pod's last report lands after the change, then the new pods start
+        ([3e4, 0, 0, 0, 0, 0, 0], []),
+        ([3e4, 0, 0, 0, 8e3, 9e4, 1e5], [9e4, 1e5]),
+        # a pause after the shape reported twice in a row is its own
+        ([0, 8e3, 9e4, 1e5, 0, 0], [9e4, 1e5, 0, 0]),
+        ([0, 0, 0], []),
+    ],
+)
+def test_settled_samples_leave_out_start_up_and_a_replaced_pods_last_report(
+    rates: list[float], steady: list[float]
+) -> None:
+    samples = [_at(float(i), x) for i, x in enumerate(rates)]
+    assert [x.throughput for x in settled(samples)] == steady

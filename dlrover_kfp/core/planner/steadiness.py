@@ -64,7 +64,7 @@ from dlrover_kfp.core.observation import Config
 from dlrover_kfp.core.planner.auto_scale import ScalingStep, describe, judge_step
 from dlrover_kfp.core.planner.settings import PlannerSettings
 from dlrover_kfp.core.profile import RuntimeSample
-from dlrover_kfp.core.usage import config_of
+from dlrover_kfp.core.usage import config_of, settled
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,14 +192,13 @@ def settled_rate(
     move: Move, samples: Sequence[RuntimeSample], until: float, settings: PlannerSettings
 ) -> float | None:
     """Samples/s measured at ``move``'s new shape before ``until`` (the next move): the mean of
-    its last ``min_samples`` settled samples (the first with progress, partial, left out);
+    its last ``min_samples`` settled samples (:func:`~dlrover_kfp.core.usage.settled`);
     None when it has none."""
     at = [x for x in samples if move.step.time < x.time <= until and config_of(x) == move.after]
-    first = next((i for i, x in enumerate(at) if x.throughput > 0), None)
-    if first is None or first + 1 >= len(at):
+    steady = settled(at)[-settings.auto_scale.min_samples :]
+    if not steady:
         return None
-    settled = at[first + 1 :][-settings.auto_scale.min_samples :]
-    return statistics.fmean(x.throughput for x in settled)
+    return statistics.fmean(x.throughput for x in steady)
 
 
 def _shape(c: Config, role: str) -> tuple[int, float]:
