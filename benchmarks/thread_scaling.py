@@ -13,7 +13,7 @@ answer. Per model the median over rounds of the ratio
 
 gives Amdahl's serial fraction, ``speed-up = 1 / (σ + (1 − σ) / 2)``, so ``σ = 2 / speed-up −
 1`` (within [0, 1]). The x-axis is the step's core-seconds per sample with one thread. The
-models differ only in their MLPs (ps_throughput.MODELS: small, wide ~2.5x and xwide ~5x the
+models differ only in their MLPs (ps_throughput.MODELS: small, wide ~3x and xwide ~5x the
 small model's worker compute per sample, measured).
 
 Writes ``benchmarks/data/thread_scaling.csv`` (one row per loop) and

@@ -90,6 +90,13 @@ def test_a_bad_thread_scaling_file_is_a_clear_error() -> None:
 def test_a_bad_runs_file_is_a_clear_error() -> None:
     with pytest.raises(UserInputError, match="missing columns"):
         read_runs("workers,ps\n1,1\n", "x.csv")
+    header = "workers,ps,worker_cpu,ps_cpu,batch_size,throughput,worker_cpu_used,ps_cpu_used,"
+    header += "status,other_cpu_during\n"
+    with pytest.raises(UserInputError, match=r"x\.csv:2"):
+        read_runs(header + "1,1,1,1,512,1000,1,0.2,ok,busy\n", "x.csv")
+    # a run other processes disturbed (more than 0.25 cores during it) is left out
+    assert read_runs(header + "1,1,1,1,512,1000,1,0.2,ok,0.9\n", "x.csv") == []
+    assert len(read_runs(header + "1,1,1,1,512,1000,1,0.2,ok,0.1\n", "x.csv")) == 1
 
 
 def test_trainer_jobs_match_the_trace_at_the_request_and_differ_away_from_it() -> None:

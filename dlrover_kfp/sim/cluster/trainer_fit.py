@@ -17,7 +17,7 @@ three measurements at once (least squares on their logs), over every undisturbed
 * ``base``: the per-step time no core shortens.
 
 What more threads buy is measured apart (:data:`THREAD_RUNS`, :func:`read_thread_scaling`): the
-worker's step of three models (the small one and two with wider MLPs, ~2.5x and ~5x its
+worker's step of three models (the small one and two with wider MLPs, ~3x and ~5x its
 compute per sample) in one process with one torch thread and with two, on two cores with no
 quota; Amdahl's serial fraction read from the speed-up. The trace gives a cluster job's trainer
 truth the serial fraction measured at its compute per sample (:func:`serial_at`, interpolated
@@ -111,9 +111,9 @@ def read_runs(text: str, source: str) -> list[Run]:
         raise UserInputError(f"{source}: missing columns {', '.join(missing)}")
     runs = []
     for number, row in enumerate(reader, start=2):
-        if row["status"] != "ok" or float(row.get("other_cpu_during") or 0) > DISTURBED_CPU:
-            continue
         try:
+            if row["status"] != "ok" or float(row.get("other_cpu_during") or 0) > DISTURBED_CPU:
+                continue
             runs.append(
                 Run(
                     int(row["workers"]),
