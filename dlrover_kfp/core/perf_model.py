@@ -52,6 +52,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlrover_kfp.core.observation import Config, Observation
+from dlrover_kfp.core.usage import cores_per_sample
 
 #: Names of θ0..θ4 in model files, so that a file says what each number means.
 THETA_NAMES: tuple[str, str, str, str, str] = (
@@ -546,10 +547,11 @@ def _bound_by_usage(
     theta = np.asarray(model.theta, dtype=np.float64)
     changed = False
     for j, ceiling in (
-        (1, _used_per_sample(observations, "worker", 1.0)),
-        (2, _used_per_sample(observations, "ps", model.gamma)),
+        (1, cores_per_sample(observations, "worker")),
+        (2, cores_per_sample(observations, "ps", model.gamma)),
     ):
-        if ceiling is not None and theta[j] > ceiling * (1.0 + tolerance):
+        # (no reading, or only idle ones: nothing to hold the term to)
+        if ceiling and theta[j] > ceiling * (1.0 + tolerance):
             theta[j] = ceiling * (1.0 + tolerance)
             changed = True
     if not changed:
@@ -576,22 +578,6 @@ def _bound_by_usage(
         gamma_identifiable=previous.gamma_identifiable,
         overlap_searched=previous.overlap_searched,
     )
-
-
-def _used_per_sample(observations: Sequence[Observation], role: str, gamma: float) -> float | None:
-    """The largest core-seconds per sample ``role``'s pods were measured to use, in θ's units
-    (for the PS, divided by ``(w/p)^(γ−1)``); None when no observation says."""
-    values = []
-    for o in observations:
-        c = o.config
-        used, pods = (o.worker_cpu_used, c.workers) if role == "worker" else (o.ps_cpu_used, c.ps)
-        if used is None or used <= 0 or o.throughput <= 0:
-            continue
-        per_sample = pods * used / o.throughput
-        if role == "ps" and gamma != 1.0:
-            per_sample /= (c.workers / c.ps) ** (gamma - 1.0)
-        values.append(per_sample)
-    return max(values) if values else None
 
 
 def _fit_times(

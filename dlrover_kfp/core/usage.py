@@ -79,23 +79,27 @@ def abandoned_configs(samples: Sequence[RuntimeSample]) -> frozenset[Config]:
     return frozenset(runs[i] for i in range(1, len(runs) - 1) if runs[i + 1] in runs[:i])
 
 
-def cores_per_sample(observations: Sequence[Observation], role: str) -> float | None:
+def cores_per_sample(
+    observations: Sequence[Observation], role: str, gamma: float = 1.0
+) -> float | None:
     """Core-seconds the pods of ``role`` spend per sample, all of them together, the largest
     seen: c = max(n · u / X) over the observations (n pods each using u cores at X samples/s).
     None when no observation says.
 
     The work per sample is what a role's cores must keep up with whatever their number and
     size (search.CpuBounds); the largest reading is kept because averages understate bursts.
+    ``gamma``: for the PS, each reading divided by ``(w/p)^(γ−1)``, the units of the model's PS
+    coefficient at contention exponent γ (perf_model's usage bound); 1 leaves it as it is.
     """
     ratios = []
     for o in observations:
-        n, used = (
-            (o.config.workers, o.worker_cpu_used)
-            if role == "worker"
-            else (o.config.ps, o.ps_cpu_used)
-        )
+        c = o.config
+        n, used = (c.workers, o.worker_cpu_used) if role == "worker" else (c.ps, o.ps_cpu_used)
         if used is not None and o.throughput > 0:
-            ratios.append(n * used / o.throughput)
+            ratio = n * used / o.throughput
+            if role == "ps" and gamma != 1.0:
+                ratio /= (c.workers / c.ps) ** (gamma - 1.0)
+            ratios.append(ratio)
     return max(ratios) if ratios else None
 
 
