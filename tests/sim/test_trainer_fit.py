@@ -112,3 +112,17 @@ def test_trainer_jobs_match_the_trace_at_the_request_and_differ_away_from_it() -
         assert b.truth.throughput.throughput(*half) != pytest.approx(
             a.truth.throughput.throughput(*half), rel=0.01
         )
+
+
+def test_every_file_the_simulator_reads_is_packaged() -> None:
+    """A wheel holds only the package data pyproject.toml names: the trainer fit was missing
+    from it, so `dlrover-kfp simulate --family trainer` failed outside a source checkout."""
+    import fnmatch  # noqa: PLC0415
+    import tomllib  # noqa: PLC0415
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    globs = config["tool"]["setuptools"]["package-data"]["dlrover_kfp"]
+    data = ROOT / "dlrover_kfp" / "sim" / "data"
+    for path in data.iterdir():
+        name = f"sim/data/{path.name}"
+        assert any(fnmatch.fnmatch(name, g) for g in globs), name
