@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import time
 import warnings
@@ -33,6 +34,7 @@ from pathlib import Path
 import torch
 from ps_throughput import MODELS, in_process_loop, job_spec, loadavg, machine
 
+from dlrover_kfp.files import write_atomic
 from dlrover_kfp.runtime.options import RunSettings
 from dlrover_kfp.training.data import split_ranges
 from dlrover_kfp.training.datasets import open_dataset
@@ -47,12 +49,20 @@ def main() -> int:
     parser.add_argument("--models", default="small,wide,xwide")
     parser.add_argument("--data-dir", default=str(DATA))
     args = parser.parse_args()
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown or not names or args.rounds < 1:
+        parser.error(
+            f"--models: each of {', '.join(sorted(MODELS))}, got {args.models!r}"
+            if unknown or not names
+            else f"--rounds: at least 1, got {args.rounds}"
+        )
     warnings.filterwarnings("ignore", message="Sparse invariant checks")
     out = Path(args.data_dir)
     rows_out = []
     print(f"machine: {machine()}")
     began = time.monotonic()
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+    for name in names:
         size = MODELS[name]
         spec = job_spec(size, size.job_rows, 1, 1)
         dataset = open_dataset(spec.data, spec.model)
@@ -87,10 +97,12 @@ def main() -> int:
         median = ratios[len(ratios) // 2]
         serial = min(1.0, max(0.0, 2.0 / median - 1.0))
         print(f"  {name}: median speed-up {median:.3f}, serial fraction {serial:.3f}")
-    with (out / "thread_scaling.csv").open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS)
-        writer.writeheader()
-        writer.writerows(rows_out)
+    # whole files or none: an interrupted run leaves the committed data as it was
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=FIELDS)
+    writer.writeheader()
+    writer.writerows(rows_out)
+    write_atomic(out / "thread_scaling.csv", text.getvalue())
     meta = {
         "machine": machine(),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -98,7 +110,7 @@ def main() -> int:
         f"--rounds {args.rounds} --models {args.models}",
         "torch_threads_of_this_process_before": torch.get_num_threads(),
     }
-    (out / "thread_scaling.meta.json").write_text(json.dumps(meta, indent=2) + "\n", "utf-8")
+    write_atomic(out / "thread_scaling.meta.json", json.dumps(meta, indent=2) + "\n")
     return 0
 
 
