@@ -277,10 +277,13 @@ resources:
     nodes = [n for s in busy for n in s.nodes]
     assert {n.role for n in nodes} == {"worker", "ps"}
     assert {n.name for n in nodes} == {"samples-worker-0", "samples-worker-1", "samples-ps-0"}
-    # A process with torch loaded: every PS (the workers start once they registered) and
-    # every worker that trained in the sample (one may still be importing while another trains).
-    loaded = [n for n in nodes if n.role == "ps" or (n.throughput or 0) > 0]
-    assert loaded and all(n.memory_used_mb > 100 for n in loaded)
+    # A process with torch loaded reads its real resident memory: every PS (the workers start
+    # once they registered) and every worker that trained. Its peak over the samples, not each
+    # sample: RSS is read at an instant and throughput over a window, so the window that ends
+    # as a finished worker exits pairs its training with a mid-teardown RSS (a CI run read 83 MB).
+    loaded = {n.name for n in nodes if n.role == "ps" or (n.throughput or 0) > 0}
+    peak = {name: max(n.memory_used_mb for n in nodes if n.name == name) for name in loaded}
+    assert peak and all(mb > 100 for mb in peak.values()), peak
     assert max(n.cpu_used for n in nodes if n.role == "worker") > 0.2
     assert all(n.cpu_requested == (1.5 if n.role == "ps" else 1.0) for n in nodes)
     assert max(n.throughput or 0 for n in nodes if n.role == "worker") > 0
