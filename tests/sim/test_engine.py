@@ -270,7 +270,7 @@ class QuotaGuard:
 
 @pytest.mark.parametrize("name", ["manual", "dlrover-kfp"])
 def test_same_seed_same_run_and_another_seed_other_faults(name: str) -> None:
-    trace = synthetic_trace(20, 4)
+    trace = synthetic_trace(10, 4)
     settings = ClusterSettings(*cluster_size_for(trace))
     faults = FaultSettings(eviction_per_pod_hour=1 / 20, node_failure_per_hour=1 / 50)
 
@@ -287,7 +287,7 @@ def test_same_seed_same_run_and_another_seed_other_faults(name: str) -> None:
     assert [(o.job_id, o.submitted_at) for o in other.outcomes] == [
         (o.job_id, o.submitted_at) for o in first.outcomes
     ]
-    assert trace == synthetic_trace(20, 4)
+    assert trace == synthetic_trace(10, 4)
 
 
 # --------------------------------------------------------------------------------------------
