@@ -18,6 +18,7 @@ from dlrover_kfp.core.planner import (
     auto_scale,
     context_from_spec,
 )
+from dlrover_kfp.core.planner.auto_scale import memory_needs
 from dlrover_kfp.core.planner.context import PlanningContext, clamp_memory
 from dlrover_kfp.core.planner.search import CPU_LADDER
 from dlrover_kfp.core.profile import NodeSample, RuntimeSample
@@ -421,6 +422,41 @@ def test_small_memory_savings_do_not_relaunch_pods() -> None:
     samples = measured(current, worker_used=2048, ps_used=[RUNTIME_MB + 100, RUNTIME_MB + 100])
     decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
     assert decision.plan is None and decision.reason.startswith("stable"), decision.reason
+
+
+def test_measured_worker_memory_goes_into_every_plan_without_a_memory_step_of_its_own() -> None:
+    """Workers measured at a third of their memory, in a job whose PS hold most of it: right-
+    sizing the workers alone frees under a fifth of the job's memory, not worth a relaunch of
+    its own; but a step that replaces the workers anyway gives them what they were measured to
+    need, and the search counts on it: with a memory quota equal to the user's request, the
+    job's busy CPU-bound workers grow in number past the request only in that memory."""
+    current = ResourcePlan(
+        workers=NodeGroup(count=4, cpu=2.0, memory_mb=4096),
+        ps=NodeGroup(count=2, cpu=4.0, memory_mb=24576),
+        stage=Stage.COLD_START,
+        reason="the user's request",
+    )
+    job = JobSpec(
+        name="loop",
+        model={"table_sizes": [100_000] * 8},  # type: ignore[arg-type]
+        data={"format": "synthetic", "rows": 1_000_000},  # type: ignore[arg-type]
+        training={"batch_size": 512},  # type: ignore[arg-type]
+        resources={  # type: ignore[arg-type]
+            "limits": {"cpu": 64.0, "memory": f"{current.total_memory_mb}Mi"}
+        },
+        elastic={"max_workers": 32, "max_ps": 2},  # type: ignore[arg-type]
+    )
+    ctx = context_from_spec(job, SETTINGS)
+    samples = measured(current, worker_used=1200, ps_used=[20500] * 2)
+    sized = clamp_memory(1200 * (1 + SETTINGS.auto_scale.worker_memory_headroom), ctx.node)
+    needs, change = memory_needs(ctx, current, samples, SETTINGS.auto_scale, SETTINGS.memory_growth)
+    assert change == "keep", "a fifth of the job's memory is not freed: no memory step"
+    assert needs.worker_mb == sized
+    decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
+    assert decision.plan is not None and decision.kind == "grow", decision.reason
+    assert decision.plan.workers.count > 4, decision.reason
+    assert decision.plan.workers.memory_mb == sized
+    assert decision.plan.total_memory_mb <= current.total_memory_mb
 
 
 def test_memory_is_never_grown_by_auto_scaling() -> None:

@@ -439,11 +439,11 @@ def memory_needs(
 ) -> tuple[MemoryNeeds, MemoryChange]:
     """Memory per pod for the plans this decision considers, and how it changed.
 
-    By default memory is held: workers keep theirs (Stage 3 grows it) and the PS keep the
-    state they hold, re-partitioned over any PS count (``held = max(footprint, p · (m −
-    runtime))``): a cold start's is the user's request, a warm start's what earlier runs were
-    measured to reach, and nothing measured in this run says less. The PS follow their measured
-    growth (memory_growth.py, with ``N`` the projected end-of-job state with its margin)::
+    By default the PS keep the state they hold, re-partitioned over any PS count (``held =
+    max(footprint, p · (m − runtime))``): a cold start's is the user's request, a warm start's
+    what earlier runs were measured to reach, and nothing measured in this run says less. The
+    PS follow their measured growth (memory_growth.py, with ``N`` the projected end-of-job
+    state with its margin)::
 
         ps_state = N      if N > held                        ("raise": before it OOMs)
                  = N      if growth stopped, and the job's memory falls by min_memory_saving
@@ -451,25 +451,21 @@ def memory_needs(
         worker_mb = max(floor, peak worker use × (1 + worker_memory_headroom))   (shrink only)
         ps_mb(p)  = runtime + ps_state / p
 
-    A give-back (workers, or PS whose growth stopped) is taken only when it frees
-    ``min_memory_saving`` of the job's memory at the current configuration. A raise goes into
-    every plan this decision makes; the running PS are raised by Stage 3, which runs first and
-    waits for nothing (post_scale.ps_growth_short).
+    A worker's memory is flat per batch, so once measured its need is known: every plan this
+    decision considers gives workers ``worker_mb``, whatever the change. A step that replaces
+    the workers anyway (a growth, a reshape) thus carries the measured memory along, and the
+    search may count on it when it fits more, smaller workers in the memory quota (with the
+    workers' request held instead, a quota equal to the user's request fits no worker more than
+    the user asked for, however idle their CPU). A memory-only step, which relaunches pods for
+    memory alone ("give_back"), is taken only when it frees ``min_memory_saving`` of the job's
+    memory at the current configuration; an in-place step keeps the pods' memory (auto_scale's
+    ``_kept_in_place``). A raise goes into every plan this decision makes; the running PS are
+    raised by Stage 3, which runs first and waits for nothing (post_scale.ps_growth_short).
     """
     cur = plan_config(current)
     held = max(ctx.ps_state_mb, cur.ps * (current.ps.memory_mb - RUNTIME_MB))
-    conserved = MemoryNeeds(
-        worker_mb=current.workers.memory_mb,
-        ps_fixed_mb=RUNTIME_MB,
-        ps_state_mb=held,
-        ps_min_mb=ctx.node.min_memory_mb,
-    )
-    growth = ps_growth(ctx, samples, g)
-    need = held if growth is None else growth.need_state_mb(ctx, g)
-    if need > held:
-        return dataclasses.replace(conserved, ps_state_mb=need), "raise"
+    worker_mb = current.workers.memory_mb
     worker_peak = peak_memory_mb(samples, "worker")
-    worker_mb = conserved.worker_mb
     if worker_peak > 0:
         worker_mb = min(
             worker_mb,
@@ -478,10 +474,18 @@ def memory_needs(
                 ctx.node,
             ),
         )
-    stopped = growth is not None and growth.stopped(g)
-    sized = dataclasses.replace(
-        conserved, worker_mb=worker_mb, ps_state_mb=need if stopped else held
+    conserved = MemoryNeeds(
+        worker_mb=worker_mb,
+        ps_fixed_mb=RUNTIME_MB,
+        ps_state_mb=held,
+        ps_min_mb=ctx.node.min_memory_mb,
     )
+    growth = ps_growth(ctx, samples, g)
+    need = held if growth is None else growth.need_state_mb(ctx, g)
+    if need > held:
+        return dataclasses.replace(conserved, ps_state_mb=need), "raise"
+    stopped = growth is not None and growth.stopped(g)
+    sized = dataclasses.replace(conserved, ps_state_mb=need if stopped else held)
     if sized.total_mb(cur.workers, cur.ps) > (1 - s.min_memory_saving) * current.total_memory_mb:
         return conserved, "keep"
     return sized, "give_back"
