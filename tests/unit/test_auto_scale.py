@@ -38,13 +38,15 @@ SAMPLES_PER_ROUND = SETTINGS.auto_scale.min_samples
 ROUND_S = SETTINGS.auto_scale.min_interval_s + 10
 
 
-def spec(quota_cpu: float, max_workers: int = 32, max_ps: int = 8) -> JobSpec:
+def spec(
+    quota_cpu: float, max_workers: int = 32, max_ps: int = 8, quota_memory: str = "512Gi"
+) -> JobSpec:
     return JobSpec(
         name="loop",
         model={"table_sizes": [100_000] * 8},  # type: ignore[arg-type]
         data={"format": "synthetic", "rows": 1_000_000},  # type: ignore[arg-type]
         training={"batch_size": 512},  # type: ignore[arg-type]
-        resources={"limits": {"cpu": quota_cpu, "memory": "512Gi"}},  # type: ignore[arg-type]
+        resources={"limits": {"cpu": quota_cpu, "memory": quota_memory}},  # type: ignore[arg-type]
         elastic={"max_workers": max_workers, "max_ps": max_ps},  # type: ignore[arg-type]
     )
 
@@ -436,16 +438,7 @@ def test_measured_worker_memory_goes_into_every_plan_without_a_memory_step_of_it
         stage=Stage.COLD_START,
         reason="the user's request",
     )
-    job = JobSpec(
-        name="loop",
-        model={"table_sizes": [100_000] * 8},  # type: ignore[arg-type]
-        data={"format": "synthetic", "rows": 1_000_000},  # type: ignore[arg-type]
-        training={"batch_size": 512},  # type: ignore[arg-type]
-        resources={  # type: ignore[arg-type]
-            "limits": {"cpu": 64.0, "memory": f"{current.total_memory_mb}Mi"}
-        },
-        elastic={"max_workers": 32, "max_ps": 2},  # type: ignore[arg-type]
-    )
+    job = spec(64.0, max_workers=32, max_ps=2, quota_memory=f"{current.total_memory_mb}Mi")
     ctx = context_from_spec(job, SETTINGS)
     samples = measured(current, worker_used=1200, ps_used=[20500] * 2)
     sized = clamp_memory(1200 * (1 + SETTINGS.auto_scale.worker_memory_headroom), ctx.node)
