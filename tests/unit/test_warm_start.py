@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from dlrover_kfp.core.footprint import RUNTIME_MB
 from dlrover_kfp.core.plan import Stage
 from dlrover_kfp.core.planner import (
     InfeasiblePlanError,
@@ -276,3 +277,36 @@ def test_a_role_never_measured_keeps_what_its_pods_were_given() -> None:
     assert plan.workers.cpu >= 2.0  # what the run's workers had, with the margin
     # a measured peak still decides: the same run measured gives smaller workers
     assert warm_start(spec, ctx, [measured], SETTINGS, NOW).workers.cpu < plan.workers.cpu
+
+
+def test_ps_state_is_each_jobs_total_less_the_runtimes_of_the_ps_it_was_measured_with() -> None:
+    """Three runs measured at 5 PS, two of whose last plans (a step at their end, never
+    measured) had 7: a warm start with their counts plans 7 PS, and each must hold a seventh
+    of the state the runs measured (their total less 5 runtimes), not of their total less 7
+    runtimes (the simulator's case: the PS got the 512 MiB minimum and one was OOM-killed)."""
+    history = []
+    for d in range(3):
+        summary = summarize(
+            make_profile(
+                run_id=f"ctr-daily-{d:02d}",
+                started_at=NOW - (d + 1) * 86400.0,
+                workers=8,
+                worker_cpu=2.0,
+                worker_memory_mb=2048,
+                ps=5,
+                ps_cpu=2.0,
+                ps_memory_mb=768,
+                memory_used_fraction=0.77,
+                throughput=40_000.0,
+            )
+        )
+        assert {o.config.ps for o in summary.observations} == {5}
+        last = 7 if d < 2 else 5
+        history.append(dataclasses.replace(summary, ps=dataclasses.replace(summary.ps, count=last)))
+    spec = job_spec(quota_cpu=128, quota_memory="512Gi")
+    ctx = context_from_spec(spec, SETTINGS)
+    plan = warm_start(spec, ctx, history, SETTINGS, NOW)
+    assert plan.stage is Stage.WARM_START and plan.ps.count == 7, plan
+    state = max(j.peak_total_ps_memory_mb for j in history) - 5 * RUNTIME_MB
+    assert state > ctx.ps_state_mb, "the measured state, not the model's footprint, decides"
+    assert plan.ps.memory_mb >= RUNTIME_MB + state / 7, plan

@@ -218,7 +218,6 @@ def _from_history(
     peak_p_cpu = _peak_cpu([(j.peak_ps_cpu, j.ps.cpu) for j in jobs])
     peak_w_mem = max(j.peak_worker_memory_mb for j in jobs)
     peak_p_mem = max(j.peak_ps_memory_mb for j in jobs)
-    peak_p_total = max(j.peak_total_ps_memory_mb for j in jobs)
     oom = any(j.oom_events for j in jobs)
     oom_factor = ws.oom_memory_factor if oom else 1.0
 
@@ -229,7 +228,7 @@ def _from_history(
         node,
     )
     # The rows a PS holds re-partition with the count: keep the state, not the per-pod figure.
-    ps_state = max(ctx.ps_state_mb, peak_p_total - RUNTIME_MB * _typical_ps_count(jobs))
+    ps_state = max(ctx.ps_state_mb, *(_ps_state_seen_mb(j) for j in jobs))
     memory = MemoryNeeds(
         worker_mb=worker_mb,
         ps_fixed_mb=RUNTIME_MB,
@@ -274,7 +273,7 @@ def _from_history(
         how = "their pod counts, pods sized from peak use"
     # No PS gets less than a PS was seen to use, unless the plan has more PS than those jobs
     # had: then the rows re-partition and the state-based figure already covers each share.
-    fewest_ps = min(j.ps.count for j in jobs)
+    fewest_ps = min(_fewest_ps_seen(j) for j in jobs)
     per_ps_peak = peak_p_mem * (1 + ws.ps_memory_margin) if cfg.ps <= fewest_ps else 0
     ps_mb = clamp_memory(max(memory.ps_mb(cfg.ps), per_ps_peak), node)
     fitted = require_quota_fit(
@@ -314,8 +313,25 @@ def _peak_cpu(jobs: Sequence[tuple[float, float]]) -> float:
     return max(measured) if measured else max(given for _, given in jobs)
 
 
-def _typical_ps_count(jobs: Sequence[JobSummary]) -> int:
-    return max(1, statistics.median_low([j.ps.count for j in jobs]))
+def _fewest_ps_seen(job: JobSummary) -> int:
+    """The fewest PS ``job`` was measured with: the counts of its observations, else its
+    plan's. A summary's ``ps`` is its last plan, which may never have been measured (a step at
+    the end of a run), and its peaks were measured at the counts it ran with."""
+    return min((o.config.ps for o in job.observations), default=job.ps.count)
+
+
+def _ps_state_seen_mb(job: JobSummary) -> int:
+    """The PS state ``job`` was measured to hold, all PS together, without their runtimes:
+
+        state = peak total PS memory - runtime x (fewest PS it was measured with)
+
+    Per job, with the fewest PS (the least runtime to take away: from above, as memory must
+    be). A total from one job less the runtimes of another's count (a typical count of all
+    the jobs) made the state small or negative when the job with the largest total ran fewer
+    PS than the others (simulator, trainer, seed 2: 2,950 MiB measured at 5 PS less 7
+    runtimes, so a warm start's 7 PS got the 512 MiB minimum and one was OOM-killed where the
+    user's request would have held)."""
+    return job.peak_total_ps_memory_mb - RUNTIME_MB * _fewest_ps_seen(job)
 
 
 __all__ = ["cold_start", "select_similar", "warm_start"]
