@@ -20,17 +20,19 @@ a Criteo file, a CSV table or a Parquet table gives the same arrays.
 
 *Shards and bytes.* A Parquet file is one source whose *units* are its row groups: the job's
 shards are cut at row-group boundaries (:func:`~dlrover_kfp.training.data.split_ranges`), so a
-worker reads exactly the column chunks of its shards' row groups (plus each file's footer, once)
-and no row group is read by two workers. A text file is read through a sparse line index, as
-Criteo files are: the master indexes each file once; it hands every shard's byte span to the
-worker with the lease (:meth:`TextTableFiles.locate`), so a worker reads only its shards' bytes
-and never indexes a file itself.
+worker reads exactly the column chunks of its shards' row groups (plus a file's footer when it
+moves to the file) and no row group is read by two workers. A text file is read through a
+sparse line index, as Criteo files are: the master indexes each file once; it hands every
+shard's byte span to the worker with the lease (:meth:`TextTableFiles.locate`), so a worker
+reads only its shards' bytes and never indexes a file itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -260,10 +262,14 @@ def _needed(columns: DataColumns) -> list[str]:
 # ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _ParquetSource:
-    metadata: pq.FileMetaData
-    bounds: tuple[int, ...]  # row-group boundaries: 0, r0, r0 + r1, ..., rows
+#: Parsed footers a reader keeps (the most recently used files'). A parsed footer holds every
+#: column chunk's metadata, about 1 KiB each in memory (measured: 80 MiB for one file of 2,000
+#: row groups x 40 columns). Kept for every file a worker touched, they grew its memory with
+#: the files read (217 -> 288 MiB over 16 files of 125 row groups, benchmarks/worker_memory.py),
+#: where Stage 2 sizes workers by their memory as flat once measured. Shards are leased in
+#: file order, so two footers cover the file a worker reads and the one it moves to; a file
+#: read again after falling out costs one footer read more.
+FOOTERS_KEPT = 2
 
 
 class ParquetFiles:
@@ -271,6 +277,8 @@ class ParquetFiles:
 
     The master reads every file's footer when it opens the data (the row counts plan the job
     and cut the shards); a worker reads the footer of a file when it first reads a shard of it.
+    Only the row-group boundaries stay for every file; parsed footers for the last
+    :data:`FOOTERS_KEPT` files read.
     """
 
     def __init__(
@@ -286,7 +294,10 @@ class ParquetFiles:
         self._files = tuple(files)
         self._columns = columns
         self._sizes = check_tables(table_sizes)
-        self._sources: list[_ParquetSource | None] = [None] * len(self._files)
+        #: per file, its row-group boundaries (0, r0, r0 + r1, ..., rows) once its footer was read
+        self._bounds: list[tuple[int, ...] | None] = [None] * len(self._files)
+        self._footers: OrderedDict[int, pq.FileMetaData] = OrderedDict()
+        self._lock = threading.Lock()
         self.counter = storage.ReadCounter()
         if eager:
             for s in range(len(self._files)):
@@ -296,9 +307,24 @@ class ParquetFiles:
     def files(self) -> tuple[storage.StoredFile, ...]:
         return self._files
 
-    def _source(self, s: int) -> _ParquetSource:
-        source = self._sources[s]
-        if source is None:
+    def _keep(self, s: int, footer: pq.FileMetaData) -> None:
+        with self._lock:
+            self._footers[s] = footer
+            self._footers.move_to_end(s)
+            while len(self._footers) > FOOTERS_KEPT:
+                self._footers.popitem(last=False)
+
+    def _footer(self, s: int) -> pq.FileMetaData | None:
+        with self._lock:
+            footer = self._footers.get(s)
+            if footer is not None:
+                self._footers.move_to_end(s)
+            return footer
+
+    def _source(self, s: int) -> tuple[int, ...]:
+        """File ``s``'s row-group boundaries, reading (and checking) its footer the first time."""
+        bounds = self._bounds[s]
+        if bounds is None:
             pa_ = _pyarrow()
             import pyarrow.parquet as pq_  # noqa: PLC0415
 
@@ -315,8 +341,9 @@ class ParquetFiles:
             self._check_schema(f, metadata.schema.to_arrow_schema())
             counts = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
             bounds = tuple(int(b) for b in np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]))
-            source = self._sources[s] = _ParquetSource(metadata, bounds)
-        return source
+            self._bounds[s] = bounds
+            self._keep(s, metadata)
+        return bounds
 
     def _check_schema(self, f: storage.StoredFile, schema: pa.Schema) -> None:
         missing = [c for c in _needed(self._columns) if schema.get_field_index(c) < 0]
@@ -329,11 +356,11 @@ class ParquetFiles:
 
     @property
     def source_rows(self) -> tuple[int, ...]:
-        return tuple(self._source(s).bounds[-1] for s in range(len(self._files)))
+        return tuple(self._source(s)[-1] for s in range(len(self._files)))
 
     def units(self, source: int) -> tuple[int, ...]:
         """Row-group boundaries of a source: where its shards may be cut."""
-        return self._source(source).bounds
+        return self._source(source)
 
     @property
     def description(self) -> str:
@@ -347,13 +374,13 @@ class ParquetFiles:
     def read(self, rows: RowRange, span: Sequence[int] | None = None) -> Batch:
         if rows.source >= len(self._files):
             raise ValueError(f"{rows} names no file: there are {len(self._files)} sources")
-        source = self._source(rows.source)
-        total = source.bounds[-1]
+        source_bounds = self._source(rows.source)
+        total = source_bounds[-1]
         if rows.end > total:
             raise ValueError(f"{rows} is past the end of {self._files[rows.source].url}")
         if rows.rows == 0:
             return empty_batch(len(self._columns.dense), len(self._sizes))
-        bounds = np.asarray(source.bounds)
+        bounds = np.asarray(source_bounds)
         first = int(np.searchsorted(bounds, rows.start, side="right")) - 1
         last = int(np.searchsorted(bounds, rows.end, side="left"))  # exclusive group index
         groups = list(range(first, last))
@@ -365,9 +392,12 @@ class ParquetFiles:
             try:
                 # pre_buffer: one coalesced ranged read per row group instead of one per
                 # column chunk (on S3, 40 round trips become ~1)
-                table = pq_.ParquetFile(
-                    fh, metadata=source.metadata, pre_buffer=True
-                ).read_row_groups(groups, columns=_needed(self._columns), use_threads=False)
+                # (no footer kept: ParquetFile reads it again, one ranged read more)
+                parquet = pq_.ParquetFile(fh, metadata=self._footer(rows.source), pre_buffer=True)
+                table = parquet.read_row_groups(
+                    groups, columns=_needed(self._columns), use_threads=False
+                )
+                self._keep(rows.source, parquet.metadata)
             except (pa_.ArrowInvalid, OSError) as exc:
                 raise UserInputError(
                     f"{storage.display(f.url)}: cannot read rows {rows.start}-{rows.end} "

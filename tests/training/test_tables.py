@@ -242,3 +242,31 @@ def test_a_worker_that_lists_other_files_refuses(tmp_path: Path, files: dict[str
     (tmp_path / "b.parquet").write_bytes(files["parquet"].read_bytes())
     with pytest.raises(UserInputError, match="changed since the job listed them"):
         check_fingerprint(open_dataset(data, MODEL, eager=False), listed)
+
+
+def test_a_reader_keeps_the_footers_of_its_last_files_and_reads_others_again(
+    tmp_path: Path,
+) -> None:
+    """A worker that moves through many Parquet files keeps the parsed footers of the last
+    FOOTERS_KEPT only (each holds every column chunk's metadata: kept for every file, a worker's
+    memory grew with the files read), and a file read again after its footer went reads it
+    again: the same rows, one footer's bytes more."""
+    from dlrover_kfp.training.tables import FOOTERS_KEPT, ParquetFiles  # noqa: PLC0415
+
+    for day in range(5):
+        write_parquet(tmp_path / f"part-{day}.parquet", 600, SIZES, seed=day, row_group_rows=200)
+    data = TableData(format="parquet", path=str(tmp_path))
+    worker = open_dataset(data, MODEL, eager=False)
+    assert isinstance(worker, ParquetFiles)
+    first = worker.read(RowRange(0, 0, 200))
+    for source in range(1, 5):
+        worker.read(RowRange(source, 200, 400))
+        assert len(worker._footers) <= FOOTERS_KEPT  # noqa: SLF001
+    assert 0 not in worker._footers  # noqa: SLF001
+    before = worker.counter.bytes
+    again = worker.read(RowRange(0, 0, 200))
+    assert same(first, again)
+    footer = pq.ParquetFile(tmp_path / "part-0.parquet").metadata.serialized_size
+    group = pq.ParquetFile(tmp_path / "part-0.parquet").metadata.row_group(0)
+    chunks = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+    assert worker.counter.bytes - before >= chunks + footer
