@@ -200,7 +200,10 @@ def fit_trainer(
 
     big = res[[r.worker_cpu > 1.0 + 1e-9 for r in runs]]
     return TrainerFit(
-        base=float(f"{params[0]:.4g}"),
+        # Seconds to the microsecond, not to 4 digits: the trainer has no fixed per-step time the
+        # fit can see (it ends near 1e-13 s), and the digits of that are where the optimiser
+        # stopped, which differs between machines (6.057e-14 here, 6.777e-14 on another Xeon).
+        base=round(params[0], 6),
         compute=float(f"{params[1]:.4g}"),
         alpha=round(params[2], 4),
         ps_work=float(f"{params[3]:.4g}"),
