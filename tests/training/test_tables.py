@@ -261,8 +261,8 @@ def test_a_reader_keeps_the_footers_of_its_last_files_and_reads_others_again(
     first = worker.read(RowRange(0, 0, 200))
     for source in range(1, 5):
         worker.read(RowRange(source, 200, 400))
-        assert len(worker._footers) <= FOOTERS_KEPT  # noqa: SLF001
-    assert 0 not in worker._footers  # noqa: SLF001
+        assert len(worker._footers) <= FOOTERS_KEPT
+    assert 0 not in worker._footers
     before = worker.counter.bytes
     again = worker.read(RowRange(0, 0, 200))
     assert same(first, again)
