@@ -17,10 +17,11 @@ master does (``sample_interval_s`` 2 s), and prints for each run:
   cgroups, or their processes without one);
 * ``peak / early``: the headroom the rule needed on that run (1.00: none).
 
-The run's last sample is left out of both and printed apart (``last``): it is read as the pods
-exit, from their own reports once their cgroups are gone (their processes' RSS, which counts
-the shared libraries' pages that a cgroup's anon + shmem leaves out: about 100 MiB of torch),
-a different measure.
+The run's last sample is left out of both and printed apart (``last``; ``-`` when it holds no
+worker): it is read as the pods exit. Before the job master stopped filling in a pod the
+backend no longer measured with the pod's own report, it read 296-420 MiB there (the
+processes' RSS, which counts the shared libraries' pages that a cgroup's anon + shmem leaves
+out: about 100 MiB of torch).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.planner.settings import AutoScaleSettings
+from dlrover_kfp.core.profile import RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.runtime.job import static_run
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
@@ -60,33 +62,33 @@ resources:
 """
 
 
-def run_one(job: JobSpec, out: Path, show: bool = False) -> tuple[float, float, int, float, float]:
-    """(early peak, whole-run peak, samples, the last sample's peak, JCT)."""
+def run_one(
+    job: JobSpec, out: Path, show: bool = False
+) -> tuple[float, float, int, float | None, float]:
+    """(early peak, whole-run peak, samples, the last sample's worker peak or None, JCT)."""
     settings = RunSettings(sample_interval_s=2.0, checkpoint_interval_s=0.0)
     with LocalBackend(out / "logs") as backend:
         options = RunOptions(output_dir=out, base_dir=Path.cwd(), settings=settings)
         profile = static_run(job, backend, options).run().profile
     min_samples = AutoScaleSettings().min_samples
-    series = [
-        max(n.memory_used_mb for n in sample.nodes if n.role == "worker")
-        for sample in profile.samples
-        if any(n.role == "worker" for n in sample.nodes)
-    ]
-    progress = [
-        x.throughput > 0 for x in profile.samples if any(n.role == "worker" for n in x.nodes)
-    ]
-    # The last sample is read as the pods exit (their own reports once their cgroups are gone).
-    last = series.pop()
-    progress.pop()
+
+    def worker_peak(sample: RuntimeSample) -> float | None:
+        used = [n.memory_used_mb for n in sample.nodes if n.role == "worker"]
+        return max(used) if used else None
+
+    # The last sample is read as the pods exit: apart (see the module docstring).
+    *during, final = profile.samples
+    series = [(peak, x.throughput > 0) for x in during if (peak := worker_peak(x)) is not None]
     if show:
-        print("  worker peak per sample (MiB):", series)
+        print("  worker peak per sample (MiB):", [peak for peak, _ in series])
     seen = 0
     early: list[float] = []
-    for peak, moving in zip(series, progress, strict=True):
+    for peak, moving in series:
         seen += moving
         if seen <= min_samples:
             early.append(peak)
-    return max(early), max(series), len(series), last, profile.outcome.jct_seconds
+    whole = max(peak for peak, _ in series)
+    return max(early), whole, len(series), worker_peak(final), profile.outcome.jct_seconds
 
 
 def main() -> None:
@@ -121,9 +123,10 @@ def main() -> None:
                 began = time.monotonic()
                 early, peak, n, last, jct = run_one(job, out / "run", args.series)
                 ratios.append(peak / early)
+                shown = "-" if last is None else f"{last:.0f}"
                 print(
                     f"{fmt:9s} {batch:6d}  {n:7d}  {early:9.0f}  {peak:8.0f}  "
-                    f"{peak / early:10.3f}  {last:8.0f}  {jct:5.1f}"
+                    f"{peak / early:10.3f}  {shown:>8s}  {jct:5.1f}"
                     f"  ({time.monotonic() - began:.0f}s)",
                     flush=True,
                 )
