@@ -308,6 +308,7 @@ class ParquetFiles:
         return self._files
 
     def _keep(self, s: int, footer: pq.FileMetaData) -> None:
+        """Keep file ``s``'s parsed footer as the most recently used, dropping the oldest."""
         with self._lock:
             self._footers[s] = footer
             self._footers.move_to_end(s)
@@ -391,13 +392,15 @@ class ParquetFiles:
         with storage.storage_errors(f.url), storage.open_file(f, self.counter) as fh:
             try:
                 # pre_buffer: one coalesced ranged read per row group instead of one per
-                # column chunk (on S3, 40 round trips become ~1)
-                # (no footer kept: ParquetFile reads it again, one ranged read more)
-                parquet = pq_.ParquetFile(fh, metadata=self._footer(rows.source), pre_buffer=True)
+                # column chunk (on S3, 40 round trips become ~1); with no footer kept,
+                # ParquetFile reads it again (one ranged read more) and it is kept from now
+                footer = self._footer(rows.source)
+                parquet = pq_.ParquetFile(fh, metadata=footer, pre_buffer=True)
                 table = parquet.read_row_groups(
                     groups, columns=_needed(self._columns), use_threads=False
                 )
-                self._keep(rows.source, parquet.metadata)
+                if footer is None:
+                    self._keep(rows.source, parquet.metadata)
             except (pa_.ArrowInvalid, OSError) as exc:
                 raise UserInputError(
                     f"{storage.display(f.url)}: cannot read rows {rows.start}-{rows.end} "

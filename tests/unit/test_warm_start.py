@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Any
 
 import pytest
 
@@ -46,23 +47,27 @@ def job_spec(
     )
 
 
+def daily_run(d: int, **shape: Any) -> JobSummary:
+    """The summary of the ctr-daily run of ``d + 1`` days ago, of ``shape`` (make_profile's)."""
+    return summarize(
+        make_profile(run_id=f"ctr-daily-{d:02d}", started_at=NOW - (d + 1) * 86400.0, **shape)
+    )
+
+
 def over_provisioned_history(n: int = 6, used: float = 0.3) -> list[JobSummary]:
     """n daily runs that asked for 8 x 8 cpu / 16Gi workers and 4 x 8 cpu / 32Gi PS and used
     ``used`` of it (samples ramp up to that fraction, so it is the peak)."""
     return [
-        summarize(
-            make_profile(
-                run_id=f"ctr-daily-{d:02d}",
-                started_at=NOW - (d + 1) * 86400.0,
-                workers=8,
-                worker_cpu=8.0,
-                worker_memory_mb=16384,
-                ps=4,
-                ps_cpu=8.0,
-                ps_memory_mb=32768,
-                used_fraction=used,
-                throughput=40_000.0 + 500 * d,
-            )
+        daily_run(
+            d,
+            workers=8,
+            worker_cpu=8.0,
+            worker_memory_mb=16384,
+            ps=4,
+            ps_cpu=8.0,
+            ps_memory_mb=32768,
+            used_fraction=used,
+            throughput=40_000.0 + 500 * d,
         )
         for d in range(n)
     ]
@@ -286,19 +291,16 @@ def test_ps_state_is_each_jobs_total_less_the_runtimes_of_the_ps_it_was_measured
     runtimes (the simulator's case: the PS got the 512 MiB minimum and one was OOM-killed)."""
     history = []
     for d in range(3):
-        summary = summarize(
-            make_profile(
-                run_id=f"ctr-daily-{d:02d}",
-                started_at=NOW - (d + 1) * 86400.0,
-                workers=8,
-                worker_cpu=2.0,
-                worker_memory_mb=2048,
-                ps=5,
-                ps_cpu=2.0,
-                ps_memory_mb=768,
-                memory_used_fraction=0.77,
-                throughput=40_000.0,
-            )
+        summary = daily_run(
+            d,
+            workers=8,
+            worker_cpu=2.0,
+            worker_memory_mb=2048,
+            ps=5,
+            ps_cpu=2.0,
+            ps_memory_mb=768,
+            memory_used_fraction=0.77,
+            throughput=40_000.0,
         )
         assert {o.config.ps for o in summary.observations} == {5}
         last = 7 if d < 2 else 5
