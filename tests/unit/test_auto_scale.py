@@ -8,6 +8,8 @@ import random
 import statistics
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dlrover_kfp.core.footprint import RUNTIME_MB
 from dlrover_kfp.core.observation import Config
@@ -19,7 +21,7 @@ from dlrover_kfp.core.planner import (
     context_from_spec,
 )
 from dlrover_kfp.core.planner.auto_scale import memory_needs
-from dlrover_kfp.core.planner.context import PlanningContext, clamp_memory
+from dlrover_kfp.core.planner.context import PlanningContext, clamp_worker_memory
 from dlrover_kfp.core.planner.search import CPU_LADDER
 from dlrover_kfp.core.profile import NodeSample, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
@@ -372,7 +374,9 @@ def test_over_provisioned_memory_is_cut_to_measured_use_plus_headroom() -> None:
     new = decision.plan
     assert config(new) == config(current), "memory alone changes"
     # worker: peak x (1 + headroom), rounded up to the memory step
-    assert new.workers.memory_mb == clamp_memory(2000 * (1 + s.worker_memory_headroom), ctx.node)
+    assert new.workers.memory_mb == clamp_worker_memory(
+        2000 * (1 + s.worker_memory_headroom), ctx.node
+    )
     # PS: the full rows (more than the 100 MiB held now) split over 2, balanced, x (1 + headroom)
     assert ctx.ps_state_mb > 100
     expected_ps = RUNTIME_MB + math.ceil(math.ceil(ctx.ps_state_mb * 1.2) / 2)
@@ -417,11 +421,11 @@ def test_ps_memory_covers_the_measured_imbalance_and_state_beyond_the_model_floo
 
 
 def test_small_memory_savings_do_not_relaunch_pods() -> None:
-    # Worker memory 1.5x its use (a warm start's margin): right-sizing would free < 20%.
+    # Worker memory a quarter above its use: right-sizing would free < 20%.
     ctx, _ = fixed_job(worker_mb=3072, ps_mb=4096)
     sized_ps = RUNTIME_MB + math.ceil(ctx.ps_state_mb * 1.2 / 2)
     _, current = fixed_job(worker_mb=3072, ps_mb=sized_ps + 64)
-    samples = measured(current, worker_used=2048, ps_used=[RUNTIME_MB + 100, RUNTIME_MB + 100])
+    samples = measured(current, worker_used=2450, ps_used=[RUNTIME_MB + 100, RUNTIME_MB + 100])
     decision = auto_scale(ctx, current, samples, 1000.0, SETTINGS)
     assert decision.plan is None and decision.reason.startswith("stable"), decision.reason
 
@@ -441,7 +445,7 @@ def test_measured_worker_memory_goes_into_every_plan_without_a_memory_step_of_it
     job = spec(64.0, max_workers=32, max_ps=2, quota_memory=f"{current.total_memory_mb}Mi")
     ctx = context_from_spec(job, SETTINGS)
     samples = measured(current, worker_used=1200, ps_used=[20500] * 2)
-    sized = clamp_memory(1200 * (1 + SETTINGS.auto_scale.worker_memory_headroom), ctx.node)
+    sized = clamp_worker_memory(1200 * (1 + SETTINGS.auto_scale.worker_memory_headroom), ctx.node)
     needs, change = memory_needs(ctx, current, samples, SETTINGS.auto_scale, SETTINGS.memory_growth)
     assert change == "keep", "a fifth of the job's memory is not freed: no memory step"
     assert needs.worker_mb == sized
@@ -450,6 +454,24 @@ def test_measured_worker_memory_goes_into_every_plan_without_a_memory_step_of_it
     assert decision.plan.workers.count > 4, decision.reason
     assert decision.plan.workers.memory_mb == sized
     assert decision.plan.total_memory_mb <= current.total_memory_mb
+
+
+@settings(max_examples=60, deadline=None)
+@given(worker_used=st.integers(min_value=600, max_value=20_000))
+def test_a_measured_workers_memory_is_planned_within_one_fine_step_of_its_need(
+    worker_used: int,
+) -> None:
+    """A worker's memory is flat once measured (benchmarks/worker_memory.py), so what a plan
+    gives it above its need (peak x (1 + headroom)) is rounding alone, and rounding is paid
+    once per worker: it stays under the worker step (64 MiB), not the PS' 256 MiB."""
+    ctx, current = fixed_job(worker_mb=24_576, ps_mb=4096)
+    samples = measured(current, worker_used=worker_used, ps_used=[RUNTIME_MB + 50] * 2)
+    needs, _ = memory_needs(ctx, current, samples, SETTINGS.auto_scale, SETTINGS.memory_growth)
+    need = max(
+        ctx.worker_memory_floor_mb, worker_used * (1 + SETTINGS.auto_scale.worker_memory_headroom)
+    )
+    assert ctx.node.worker_memory_step_mb < ctx.node.memory_step_mb
+    assert need <= needs.worker_mb < need + ctx.node.worker_memory_step_mb
 
 
 def test_memory_is_never_grown_by_auto_scaling() -> None:

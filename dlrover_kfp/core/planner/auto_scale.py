@@ -47,7 +47,7 @@ from dlrover_kfp.core.footprint import RUNTIME_MB
 from dlrover_kfp.core.observation import Config, Observation
 from dlrover_kfp.core.perf_model import PRIOR, PerfModel, fit
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
-from dlrover_kfp.core.planner.context import PlanningContext, clamp_memory
+from dlrover_kfp.core.planner.context import PlanningContext, clamp_worker_memory
 from dlrover_kfp.core.planner.memory_growth import ps_growth
 from dlrover_kfp.core.planner.quota import OVER_QUOTA
 from dlrover_kfp.core.planner.search import (
@@ -469,7 +469,7 @@ def memory_needs(
     if worker_peak > 0:
         worker_mb = min(
             worker_mb,
-            clamp_memory(
+            clamp_worker_memory(
                 max(ctx.worker_memory_floor_mb, worker_peak * (1 + s.worker_memory_headroom)),
                 ctx.node,
             ),

@@ -100,5 +100,16 @@ def clamp_cpu(cpu: float, node: NodeLimits) -> float:
 
 
 def clamp_memory(memory_mb: float, node: NodeLimits) -> int:
-    rounded = int(round_up(memory_mb, node.memory_step_mb))
+    """A pod's memory within the node's clamps, rounded up to the memory step."""
+    return _clamp(memory_mb, node, node.memory_step_mb)
+
+
+def clamp_worker_memory(memory_mb: float, node: NodeLimits) -> int:
+    """A worker's memory sized from its measured use, rounded up to the worker step
+    (settings.NodeLimits.worker_memory_step_mb says why it is finer)."""
+    return _clamp(memory_mb, node, node.worker_memory_step_mb)
+
+
+def _clamp(memory_mb: float, node: NodeLimits, step_mb: int) -> int:
+    rounded = int(round_up(memory_mb, step_mb))
     return min(node.max_memory_mb, max(node.min_memory_mb, rounded))

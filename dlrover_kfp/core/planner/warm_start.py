@@ -32,6 +32,7 @@ from dlrover_kfp.core.planner.context import (
     PlanningContext,
     clamp_cpu,
     clamp_memory,
+    clamp_worker_memory,
 )
 from dlrover_kfp.core.planner.quota import (
     OVER_QUOTA,
@@ -223,7 +224,7 @@ def _from_history(
 
     worker_cpu = clamp_cpu(max(peak_w_cpu * (1 + ws.cpu_margin), node.min_cpu), node)
     ps_cpu = clamp_cpu(max(peak_p_cpu * (1 + ws.cpu_margin), node.min_cpu), node)
-    worker_mb = clamp_memory(
+    worker_mb = clamp_worker_memory(
         max(ctx.worker_memory_floor_mb, peak_w_mem * (1 + ws.worker_memory_margin) * oom_factor),
         node,
     )
