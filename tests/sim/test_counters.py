@@ -12,7 +12,12 @@ import pytest
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.sim.cluster.api import JobOutcome, JobView, Policy
-from dlrover_kfp.sim.cluster.engine import FaultSettings, Simulation, request_would_hold
+from dlrover_kfp.sim.cluster.engine import (
+    FaultSettings,
+    Simulation,
+    Utilisation,
+    request_would_hold,
+)
 from dlrover_kfp.sim.cluster.policies.dlrover_oss import DlroverOssPolicy
 from dlrover_kfp.sim.cluster.policies.planner import PlannerPolicy
 from dlrover_kfp.sim.cluster.results import summarize
@@ -122,37 +127,61 @@ def test_a_self_inflicted_oom_is_a_kill_the_users_request_would_have_avoided() -
     assert manual.relaunches == 0 and manual.restarts > 0
 
 
-class OneMoreWorker(FixedPolicy):
-    """The request, then one more worker at the first decision (an elastic resize, a pause)."""
+class OneMore(FixedPolicy):
+    """The request, then one more worker or PS at the first decision (an elastic resize)."""
+
+    def __init__(self, role: str) -> None:
+        super().__init__(elastic=True)
+        self.role = role
 
     def decide(self, job: JobView) -> ResourcePlan | None:
         if job.plan.stage is not Stage.MANUAL:
             return None
-        w = job.plan.workers
-        more = NodeGroup(count=w.count + 1, cpu=w.cpu, memory_mb=w.memory_mb)
-        return ResourcePlan(workers=more, ps=job.plan.ps, stage=Stage.AUTO_SCALE, reason="+1")
+        w, p = job.plan.workers, job.plan.ps
+        if self.role == "worker":
+            w = NodeGroup(count=w.count + 1, cpu=w.cpu, memory_mb=w.memory_mb)
+        else:
+            p = NodeGroup(count=p.count + 1, cpu=p.cpu, memory_mb=p.memory_mb)
+        return ResourcePlan(workers=w, ps=p, stage=Stage.AUTO_SCALE, reason="+1")
 
 
-def test_a_step_with_a_pause_counts_the_cpu_its_active_part_used() -> None:
-    # A 60 s resize pause in a 120 s step: the pods train for the other 60 s, so the step
-    # uses half the CPU of a full step at the same shape (noise off), not nothing.
+def resized_steps(role: str) -> tuple[TraceJob, list[Utilisation]]:
+    """One job resized by ``OneMore(role)`` at its first decision: its running steps after
+    the resize (a 60 s resize pause, 120 s steps, noise off)."""
     faults = dataclasses.replace(QUIET, noise=0.0, elastic_resize_s=60.0)
-    settings = cluster(step_s=120.0)
+    job = make_job("resized")
     result = Simulation(
-        [make_job("resized")],
-        OneMoreWorker(elastic=True),
-        settings,
-        faults,
-        stragglers=even_workers(),
+        [job], OneMore(role), cluster(step_s=120.0), faults, stragglers=even_workers()
     ).run()
     assert result.outcomes[0].resizes == 1
     running = [u for u in result.utilisation if u.running]
     allocs = sorted({round(u.cpu_allocated, 6) for u in running})
     assert len(allocs) == 2  # before and after the resize
-    after = [u for u in running if math.isclose(u.cpu_allocated, allocs[1])]
+    return job, [u for u in running if math.isclose(u.cpu_allocated, allocs[1])]
+
+
+def test_a_step_with_a_pause_counts_the_cpu_its_active_part_used() -> None:
+    # A PS added: the PS re-partition, the whole job pauses 60 s of a 120 s step. The pods
+    # train for the other 60 s, so the step uses half the CPU of a full step at the same shape,
+    # not nothing.
+    _, after = resized_steps("ps")
     paused, full = after[0], after[1]
     assert full.cpu_used > 0
     assert paused.cpu_used == pytest.approx(full.cpu_used / 2, rel=1e-3)
+
+
+def test_workers_added_alone_pause_no_pod_the_job_trains_at_its_old_rate_meanwhile() -> None:
+    # A worker added (same pods, same PS): the others train on while it starts (runtime/
+    # elastic.py), so over the 60 s start the job goes at its old rate. Charged as a whole-job
+    # pause of 60 · (1 - X_old / X_new) s: the step after the resize is active for the rest.
+    job, after = resized_steps("worker")
+    batch = job.spec.training.batch_size
+    x_old = job.truth.throughput.evaluate(4, 2, 8.0, 8.0, batch)[0]
+    x_new = job.truth.throughput.evaluate(5, 2, 8.0, 8.0, batch)[0]
+    assert x_new > x_old
+    active = 120.0 - 60.0 * (1.0 - x_old / x_new)
+    resized, full = after[0], after[1]
+    assert resized.cpu_used == pytest.approx(full.cpu_used * active / 120.0, rel=1e-3)
 
 
 def test_profiling_steps_count_the_cpu_the_profiled_configurations_used() -> None:

@@ -96,7 +96,9 @@ class FaultSettings:
     restart_s: float = 300.0
     #: retries of a non-elastic job before it fails
     retry_limit: int = 3
-    #: seconds an elastic resize pauses training (new pods start, shards move)
+    #: seconds an elastic resize takes (new pods start, shards move): the whole job pauses
+    #: this long when pods are replaced or the PS change; workers added alone start this long
+    #: while the others train on (Simulation._resize)
     elastic_resize_s: float = 60.0
     #: seconds a checkpoint-and-restart resize pauses training (non-elastic policies)
     restart_resize_s: float = 300.0
@@ -709,8 +711,18 @@ class Simulation:
             run.placement = restored
             return
         run.placement = placement
+        x_old = self._rates(run)[0]
         run.plan = new
         run.resizes += 1
+        if self.policy.elastic and _worker_count_only(old, new):
+            # The job's workers lease shards from its master (runtime/elastic.py): new workers
+            # start and lease as they come while the others train on, so for ``pause`` seconds
+            # the job goes at its old rate, not its new one. As a whole-job pause (the same
+            # progress): pause · (1 − X_old / X_new); none when workers are only removed (the
+            # others train on; a removed worker's unreported shard, seconds of its work, goes
+            # back to the queue and is not charged).
+            x_new = self._rates(run)[0]
+            pause *= max(0.0, 1.0 - x_old / x_new) if x_new > 0 else 1.0
         run.pause_until = max(run.pause_until, t + pause)
         run.plans.append(self._applied(new, t - run.incarnation_start))
         run.plan_log.append((t, new))
@@ -816,6 +828,12 @@ class Simulation:
                 job, c.node_cpu, c.node_memory_mb, snapshot=self.policy.elastic
             ),
         }
+
+
+def _worker_count_only(old: ResourcePlan, new: ResourcePlan) -> bool:
+    """Whether ``new`` differs from ``old`` in the worker count alone: no pod is replaced."""
+    w, v = old.workers, new.workers
+    return new.ps == old.ps and v.cpu == w.cpu and v.memory_mb == w.memory_mb
 
 
 def request_would_hold(job: TraceJob, role: Role, *, snapshot: bool) -> bool:
