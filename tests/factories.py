@@ -39,6 +39,16 @@ from dlrover_kfp.core.profile import (
 from dlrover_kfp.core.spec import ModelSpec, NodeRequest
 
 DEFAULT_TABLES = (100_000, 50_000, 20_000, 5_000)
+#: make_profile's pods for a job that asked for far more than it uses: 8 workers of 8 cpu /
+#: 16 GiB and 4 PS of 8 cpu / 32 GiB (the warm-start and CLI tests' daily job).
+OVER_PROVISIONED_PODS = {
+    "workers": 8,
+    "worker_cpu": 8.0,
+    "worker_memory_mb": 16384,
+    "ps": 4,
+    "ps_cpu": 8.0,
+    "ps_memory_mb": 32768,
+}
 #: A bare number in a memory quantity is bytes (as in Kubernetes).
 MIB = 2**20
 

@@ -301,7 +301,7 @@ class ParquetFiles:
         self.counter = storage.ReadCounter()
         if eager:
             for s in range(len(self._files)):
-                self._source(s)
+                self.units(s)
 
     @property
     def files(self) -> tuple[storage.StoredFile, ...]:
@@ -322,14 +322,15 @@ class ParquetFiles:
                 self._footers.move_to_end(s)
             return footer
 
-    def _source(self, s: int) -> tuple[int, ...]:
-        """File ``s``'s row-group boundaries, reading (and checking) its footer the first time."""
-        bounds = self._bounds[s]
+    def units(self, source: int) -> tuple[int, ...]:
+        """Row-group boundaries of file ``source`` (where its shards may be cut), reading (and
+        checking) its footer the first time."""
+        bounds = self._bounds[source]
         if bounds is None:
             pa_ = _pyarrow()
             import pyarrow.parquet as pq_  # noqa: PLC0415
 
-            f = self._files[s]
+            f = self._files[source]
             with storage.storage_errors(f.url), storage.open_file(f, self.counter) as fh:
                 try:
                     metadata = pq_.ParquetFile(fh).metadata
@@ -342,8 +343,8 @@ class ParquetFiles:
             self._check_schema(f, metadata.schema.to_arrow_schema())
             counts = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
             bounds = tuple(int(b) for b in np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]))
-            self._bounds[s] = bounds
-            self._keep(s, metadata)
+            self._bounds[source] = bounds
+            self._keep(source, metadata)
         return bounds
 
     def _check_schema(self, f: storage.StoredFile, schema: pa.Schema) -> None:
@@ -357,11 +358,7 @@ class ParquetFiles:
 
     @property
     def source_rows(self) -> tuple[int, ...]:
-        return tuple(self._source(s)[-1] for s in range(len(self._files)))
-
-    def units(self, source: int) -> tuple[int, ...]:
-        """Row-group boundaries of a source: where its shards may be cut."""
-        return self._source(source)
+        return tuple(self.units(s)[-1] for s in range(len(self._files)))
 
     @property
     def description(self) -> str:
@@ -375,7 +372,7 @@ class ParquetFiles:
     def read(self, rows: RowRange, span: Sequence[int] | None = None) -> Batch:
         if rows.source >= len(self._files):
             raise ValueError(f"{rows} names no file: there are {len(self._files)} sources")
-        source_bounds = self._source(rows.source)
+        source_bounds = self.units(rows.source)
         total = source_bounds[-1]
         if rows.end > total:
             raise ValueError(f"{rows} is past the end of {self._files[rows.source].url}")

@@ -19,7 +19,7 @@ from dlrover_kfp.core.plan import NodeGroup, Stage
 from dlrover_kfp.core.profile import AppliedPlan
 from dlrover_kfp.quickstart import RoundResult
 from dlrover_kfp.runtime.job import RunResult
-from tests.factories import make_profile
+from tests.factories import OVER_PROVISIONED_PODS, make_profile
 
 GOOD = """\
 name: ctr-daily
@@ -58,12 +58,7 @@ def test_plan_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture[str])
             run_id=f"ctr-{k}",
             table_sizes=(1000, 2000, 3000),
             started_at="2026-11-01T00:00:00Z",
-            workers=8,
-            worker_cpu=8.0,
-            worker_memory_mb=16384,
-            ps=4,
-            ps_cpu=8.0,
-            ps_memory_mb=32768,
+            **OVER_PROVISIONED_PODS,
             used_fraction=0.3,
         )
         path = write(tmp_path, f"p{k}.json", to_json(profile))

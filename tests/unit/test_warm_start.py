@@ -18,7 +18,7 @@ from dlrover_kfp.core.planner import (
 )
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.core.summary import JobSummary, parse_timestamp, summarize
-from tests.factories import DEFAULT_TABLES, make_profile
+from tests.factories import DEFAULT_TABLES, OVER_PROVISIONED_PODS, make_profile
 
 SETTINGS = PlannerSettings()
 NOW = parse_timestamp("2026-11-21T00:00:00Z")
@@ -60,12 +60,7 @@ def over_provisioned_history(n: int = 6, used: float = 0.3) -> list[JobSummary]:
     return [
         daily_run(
             d,
-            workers=8,
-            worker_cpu=8.0,
-            worker_memory_mb=16384,
-            ps=4,
-            ps_cpu=8.0,
-            ps_memory_mb=32768,
+            **OVER_PROVISIONED_PODS,
             used_fraction=used,
             throughput=40_000.0 + 500 * d,
         )
@@ -142,12 +137,7 @@ def test_an_oom_in_history_adds_memory() -> None:
         make_profile(
             run_id="ctr-daily-oom",
             started_at=NOW - 3600.0,
-            workers=8,
-            worker_cpu=8.0,
-            worker_memory_mb=16384,
-            ps=4,
-            ps_cpu=8.0,
-            ps_memory_mb=32768,
+            **OVER_PROVISIONED_PODS,
             used_fraction=0.3,
             oom_events=1,
         )

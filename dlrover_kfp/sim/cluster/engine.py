@@ -711,10 +711,11 @@ class Simulation:
             run.placement = restored
             return
         run.placement = placement
-        x_old = self._rates(run)[0]
+        count_only = self.policy.elastic and _worker_count_only(old, new)
+        x_old = self._rates(run)[0] if count_only else 0.0
         run.plan = new
         run.resizes += 1
-        if self.policy.elastic and _worker_count_only(old, new):
+        if count_only:
             # The job's workers lease shards from its master (runtime/elastic.py): new workers
             # start and lease as they come while the others train on, so for ``pause`` seconds
             # the job goes at its old rate, not its new one. As a whole-job pause (the same
