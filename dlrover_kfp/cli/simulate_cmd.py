@@ -110,8 +110,9 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--policies",
         default=DEFAULT_POLICIES,
-        help=f"comma separated (default {DEFAULT_POLICIES}); also the references oracle-0.9 and "
-        "oracle-0.7, which are handed each job's truth (docs/simulator.md, 'The oracle')",
+        help=f"comma separated (default {DEFAULT_POLICIES}); also the references oracle-<a> "
+        "(a in (0, 1]: oracle-0.9, oracle-0.7), which are handed each job's truth "
+        "(docs/simulator.md, 'The oracle')",
     )
     parser.add_argument("--output", required=True, metavar="DIR", help="where results go")
     parser.set_defaults(func=_run)

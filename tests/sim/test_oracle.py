@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlrover_kfp.core.spec import ElasticSpec, NodeRequest, Quota, ResourcesSpec
+from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.sim.cluster.api import JobOutcome
 from dlrover_kfp.sim.cluster.engine import (
     ClusterSettings,
@@ -315,6 +316,10 @@ def test_the_oracle_reference_runs_its_share_without_an_oom_kill(
     jobs, sized = small_trace
     cluster = dataclasses.replace(sized, nodes=4 * sized.nodes)  # no job cut by a busy cluster
     assert parse_policies("manual,oracle-0.7") == ["manual", "oracle-0.7"]  # opt-in by name
+    assert parse_policies("oracle-0.950,oracle-1") == ["oracle-0.95", "oracle-1"]  # one spelling
+    for bad in ("oracle-0", "oracle-1.5", "oracle-x", "oracle-"):
+        with pytest.raises(UserInputError, match=f"unknown policy {bad};"):
+            parse_policies(f"manual,{bad}")
     policy = make_policy("oracle-0.7", jobs=jobs, cluster=cluster)
     assert isinstance(policy, OraclePolicy) and policy.name == "oracle-0.7"
     outcomes = Simulation(jobs, policy, cluster, CALM, seed=0).run().outcomes

@@ -20,7 +20,11 @@ from dlrover_kfp.core.planner.settings import PlannerSettings
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.sim.cluster.api import Policy
 from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings, Simulation
-from dlrover_kfp.sim.cluster.policies.oracle import REFERENCES, OraclePolicy
+from dlrover_kfp.sim.cluster.policies.oracle import (
+    OraclePolicy,
+    reference_name,
+    reference_share,
+)
 from dlrover_kfp.sim.cluster.results import PolicySummary, summarize
 from dlrover_kfp.sim.cluster.trace import QuotaRegime, TraceJob, in_regime
 
@@ -59,13 +63,21 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 
 def parse_policies(text: str) -> list[str]:
     """Policy names, the four peers (:data:`POLICIES`) and the truth-given references
-    (:data:`~dlrover_kfp.sim.cluster.policies.oracle.REFERENCES`, opt-in)."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in POLICIES and n not in REFERENCES]
+    ``oracle-<a>`` (opt-in; :mod:`~dlrover_kfp.sim.cluster.policies.oracle`), a reference's
+    name in its one spelling (``oracle-0.90`` is ``oracle-0.9``)."""
+    names, unknown = [], []
+    for name in (n.strip() for n in text.split(",")):
+        share = reference_share(name)
+        if name in POLICIES:
+            names.append(name)
+        elif share is not None:
+            names.append(reference_name(share))
+        elif name:
+            unknown.append(name)
     if unknown or not names:
         raise UserInputError(
-            f"--policies: unknown policy {', '.join(unknown) or '(none)'}; "
-            f"choose from {', '.join([*POLICIES, *REFERENCES])}"
+            f"--policies: unknown policy {', '.join(unknown) or '(none)'}; choose from "
+            f"{', '.join(POLICIES)} or a reference oracle-<a>, a in (0, 1] (oracle-0.9)"
         )
     return names
 
@@ -90,10 +102,11 @@ def make_policy(
 ) -> Policy:
     """A fresh instance of policy ``name``; ``planner`` configures dlrover-kfp; a reference
     (``oracle-<a>``) is handed the trace's ``jobs``, truths included, and the ``cluster``."""
-    if name in REFERENCES:
+    share = reference_share(name)
+    if share is not None:
         if cluster is None:
             raise ValueError(f"{name}: a reference policy needs the cluster and the jobs")
-        return OraclePolicy(jobs, cluster, REFERENCES[name])
+        return OraclePolicy(jobs, cluster, share)
     return _ours(planner) if name == "dlrover-kfp" else POLICIES[name]()
 
 

@@ -8,8 +8,8 @@
   cluster brain's history-based warm start and scaling rules (:mod:`.dlrover_oss`);
 * ``dlrover-kfp``: this package's own planner (:mod:`.planner`);
 
-and, opt-in, the references ``oracle-0.9`` and ``oracle-0.7`` (:mod:`.oracle`): handed each job's
-hidden truth, a bound on what planning can buy, not a peer.
+and, opt-in, the references ``oracle-<a>`` (``oracle-0.9``, ``oracle-0.7``; :mod:`.oracle`):
+handed each job's hidden truth, a bound on what planning can buy, not a peer.
 
 The baselines' thresholds and formulas come from docs/baselines.md.
 """

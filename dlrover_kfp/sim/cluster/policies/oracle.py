@@ -32,8 +32,25 @@ from dlrover_kfp.sim.cluster.engine import ClusterSettings
 from dlrover_kfp.sim.cluster.oracle import oracle
 from dlrover_kfp.sim.cluster.trace import TraceJob
 
-#: The references ``--policies`` accepts, by name: the share of the oracle's best each reaches.
-REFERENCES: dict[str, float] = {"oracle-0.9": 0.9, "oracle-0.7": 0.7}
+#: A reference's name is this and the share ``a`` in (0, 1] of the oracle's best it reaches.
+_PREFIX = "oracle-"
+
+
+def reference_share(name: str) -> float | None:
+    """The share ``a`` of a reference's name ``oracle-<a>``; None for any other name (a bad
+    share included: 0, above 1, not a number)."""
+    if not name.startswith(_PREFIX):
+        return None
+    try:
+        share = float(name[len(_PREFIX) :])
+    except ValueError:
+        return None
+    return share if 0 < share <= 1 else None
+
+
+def reference_name(share: float) -> str:
+    """The one name of the reference reaching ``share`` (``oracle-0.90`` is ``oracle-0.9``)."""
+    return f"{_PREFIX}{share:g}"
 
 
 class OraclePolicy:
