@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import platform
 import shutil
 import statistics
@@ -28,8 +29,8 @@ from pathlib import Path
 
 from dlrover_kfp.backends import LocalBackend
 from dlrover_kfp.core.documents import load_text, parse
-from dlrover_kfp.core.plan import ResourcePlan, Stage
-from dlrover_kfp.core.profile import JobProfile
+from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
+from dlrover_kfp.core.profile import AppliedPlan, JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.planning import local_planner_settings
 from dlrover_kfp.runtime.elastic import elastic_run
@@ -133,8 +134,11 @@ def main() -> None:
         before = [s.throughput for s in p.samples if s.time < steps[0].time and s.throughput]
         after = [s.throughput for s in p.samples if s.time > steps[-1].time + 4][:-1]
         if before[1:] and after:
-            b, a = statistics.median(before[1:]), statistics.median(after)
-            print(f"steady samples/s: {b:,.0f} at the start, {a:,.0f} at the end: x{a / b:.2f}")
+            start, end = statistics.median(before[1:]), statistics.median(after)
+            print(
+                f"steady samples/s: {start:,.0f} at the start, {end:,.0f} at the end: "
+                f"x{end / start:.2f}"
+            )
     # CPU: requested vs used per sample, over the samples with training in them.
     busy = [s for s in p.samples if s.throughput > 0 and s.nodes]
     if busy:
@@ -166,24 +170,44 @@ def main() -> None:
 
 def late_and_reentered(p: JobProfile) -> None:
     """Issue 30's live checks: the job's progress at every plan applied after the first (its
-    global step then over its last: steps are batches of one size), and every role shape
-    (count x CPU per pod) re-entered after the job had left it."""
+    global step then over its last: steps are batches of one size), the resizes after 80% of
+    it, and every role shape (count x CPU per pod) re-entered after the job had left it.
+
+    A plan that changes no pod (Stage 3 moving a straggler's shards to faster workers) is not a
+    resize and is counted apart; a shape re-entered by a rollback (the move measured worse than
+    the shape it left: the hold rule lets such a measurement undo it) is named as one."""
     final = max((s.global_step for s in p.samples), default=0) or 1
+
+    def progress(a: AppliedPlan) -> float:
+        return max((s.global_step for s in p.samples if s.time <= a.time), default=0) / final
+
+    def pods(a: AppliedPlan) -> tuple[NodeGroup, NodeGroup]:
+        return (a.workers, a.ps)
+
     print("steps (progress when applied):")
     for a in p.plans[1:]:
-        step = max((s.global_step for s in p.samples if s.time <= a.time), default=0)
-        print(f"  {a.time:6.1f}s {100 * step / final:5.1f}% {a.stage.value}: {a.reason}")
+        print(f"  {a.time:6.1f}s {100 * progress(a):5.1f}% {a.stage.value}: {a.reason}")
     late = [
-        a
-        for a in p.plans[1:]
-        if max((s.global_step for s in p.samples if s.time <= a.time), default=0) > 0.8 * final
+        (a, pods(a) != pods(before))
+        for before, a in itertools.pairwise(p.plans)
+        if progress(a) > 0.8
     ]
-    print(f"steps after 80% progress: {len(late)}")
+    print(
+        f"resizes after 80% progress: {sum(changed for _, changed in late)}; "
+        f"plans after 80% that changed no pod: {sum(not changed for _, changed in late)}"
+    )
     for role in ("workers", "ps"):
-        shapes = [(getattr(a, role).count, getattr(a, role).cpu) for a in p.plans]
-        runs = [x for i, x in enumerate(shapes) if i == 0 or shapes[i - 1] != x]
-        again = [x for i, x in enumerate(runs) if x in runs[:i]]
-        print(f"{role} shapes in order: {runs}; re-entered: {again or 'none'}")
+        shapes = [((getattr(a, role).count, getattr(a, role).cpu), a) for a in p.plans]
+        runs = [x for i, x in enumerate(shapes) if i == 0 or shapes[i - 1][0] != x[0]]
+        again = [
+            f"{shape}{' (rollback)' if a.reason.startswith('rollback') else ''}"
+            for i, (shape, a) in enumerate(runs)
+            if shape in [r[0] for r in runs[:i]]
+        ]
+        print(
+            f"{role} shapes in order: {[r[0] for r in runs]}; "
+            f"re-entered: {', '.join(again) or 'none'}"
+        )
     for e in p.events:
         print(f"  event {e.time:6.1f}s {e.kind}{' ' + e.node if e.node else ''}: {e.detail}")
 
