@@ -316,7 +316,9 @@ def test_the_oracle_reference_runs_its_share_without_an_oom_kill(
     jobs, sized = small_trace
     cluster = dataclasses.replace(sized, nodes=4 * sized.nodes)  # no job cut by a busy cluster
     assert parse_policies("manual,oracle-0.7") == ["manual", "oracle-0.7"]  # opt-in by name
-    assert parse_policies("oracle-0.950,oracle-1") == ["oracle-0.95", "oracle-1"]  # one spelling
+    # one spelling per share, each policy once
+    assert parse_policies("oracle-0.950,oracle-1,oracle-0.95") == ["oracle-0.95", "oracle-1"]
+    assert parse_policies("manual, dlrover-kfp,manual") == ["manual", "dlrover-kfp"]
     for bad in ("oracle-0", "oracle-1.5", "oracle-x", "oracle-"):
         with pytest.raises(UserInputError, match=f"unknown policy {bad};"):
             parse_policies(f"manual,{bad}")

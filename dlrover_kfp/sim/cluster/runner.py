@@ -64,16 +64,21 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 def parse_policies(text: str) -> list[str]:
     """Policy names, the four peers (:data:`POLICIES`) and the truth-given references
     ``oracle-<a>`` (opt-in; :mod:`~dlrover_kfp.sim.cluster.policies.oracle`), a reference's
-    name in its one spelling (``oracle-0.90`` is ``oracle-0.9``)."""
-    names, unknown = [], []
+    name in its one spelling (``oracle-0.90`` is ``oracle-0.9``), each once (the results are
+    keyed by name)."""
+    names: list[str] = []
+    unknown: list[str] = []
     for name in (n.strip() for n in text.split(",")):
         share = reference_share(name)
         if name in POLICIES:
-            names.append(name)
+            known = name
         elif share is not None:
-            names.append(reference_name(share))
-        elif name:
-            unknown.append(name)
+            known = reference_name(share)
+        else:
+            unknown += [name] if name else []
+            continue
+        if known not in names:
+            names.append(known)
     if unknown or not names:
         raise UserInputError(
             f"--policies: unknown policy {', '.join(unknown) or '(none)'}; choose from "
