@@ -46,6 +46,8 @@ from dlrover_kfp.core.profile import RuntimeSample
 from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings
 from dlrover_kfp.sim.cluster.runner import run_policy
 from dlrover_kfp.sim.cluster.trace import (
+    FAMILIES,
+    QUOTA_REGIMES,
     QuotaRegime,
     TraceJob,
     cluster_size_for,
@@ -112,8 +114,8 @@ def _run(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--family", default="roofline")
-    parser.add_argument("--quota", default="request", choices=("request", "headroom"))
+    parser.add_argument("--family", default="roofline", choices=FAMILIES)
+    parser.add_argument("--quota", default="request", choices=QUOTA_REGIMES)
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--processes", type=int, default=2)
