@@ -257,11 +257,27 @@ class ElasticPolicy:
                 detail=self.run.describe_failure(status),
             )
         )
-        decision = decide_relaunch(stop, self._stops, self.planner)
+        decision = decide_relaunch(
+            stop, self._stops, self.planner, memory_room_mb=self._memory_room_mb()
+        )
         self._stops.append(stop)
         if isinstance(decision, FailJob):
             raise JobFailedError(decision.reason)
         return decision
+
+    def _memory_room_mb(self) -> int:
+        """MiB the job's memory quota leaves beyond its pods' memory, each pod at what it was
+        last launched with (a pod relaunched after an OOM holds more than its group)."""
+        names = [self.run.worker_name(k) for k in range(self.run.workers.count)]
+        held = sum(
+            self.run.launched[n].memory_mb if n in self.run.launched else self.run.workers.memory_mb
+            for n in names
+        )
+        held += sum(
+            self.run.launched[n].memory_mb if n in self.run.launched else self.run.ps.memory_mb
+            for n in self._ps_pod_names()
+        )
+        return self.ctx.quota_memory_mb - held
 
     def start_failed(self, pod: PodStatus) -> None:
         """A pod failed before every PS registered. A PS (OOM-killed building its rows: the

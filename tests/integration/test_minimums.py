@@ -169,6 +169,42 @@ def test_a_ps_oom_killed_at_start_is_relaunched_bigger_and_the_job_trains_every_
     assert ps_memory == {2048}
 
 
+def test_a_ps_oom_killed_with_no_room_in_the_quota_is_not_grown_past_it_and_the_job_says_so(
+    tmp_path: Path,
+) -> None:
+    """The same heavy PS, in a job whose memory quota is its request (1Gi worker + 768Mi PS):
+    the cold start keeps the PS at 768Mi (no room for x1.5), and after each OOM kill it is
+    relaunched as it was, never above the quota; at the third kill the job fails, naming the
+    pod, its memory and the quota. (Before, it was relaunched with 2x its memory, 768Mi over
+    the job's quota, and the run went on outside it.)"""
+    text = _job("{count: 1, cpu: 1, memory: 768Mi}", rows=5_000, worker_cpu=1)
+    spec = _spec(text + "  limits: {cpu: 2, memory: 1792Mi}\n")
+    heavy = tmp_path / "python"
+    code = (
+        "import runpy, sys; "
+        "ballast = b'x' * (800 << 20) if sys.argv[2].endswith('supervisor') else b''; "
+        "sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__')"
+    )
+    heavy.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{code}" "$@"\n')
+    heavy.chmod(0o755)
+    settings = RunSettings(sample_interval_s=0.5, checkpoint_interval_s=0.0, python=str(heavy))
+    options = RunOptions(output_dir=tmp_path / "out", base_dir=tmp_path, settings=settings)
+    result = run_local(spec, options, progress=lambda line: None)
+    profile = result.profile
+    assert not result.succeeded, profile.outcome.reason
+    assert profile.outcome.reason is not None
+    assert "low-ps-0 failed 3 times" in profile.outcome.reason
+    assert "was OOM-killed (exit code 137) at 768Mi" in profile.outcome.reason
+    assert profile.outcome.reason.endswith(
+        "the job's memory quota leaves no room for more (0Mi free): raise resources.limits.memory"
+    )
+    relaunches = [e.detail for e in profile.events if e.kind == "relaunch"]
+    assert len(relaunches) == 2, profile.events
+    assert all(
+        "OOM-killed at 768Mi: the job's memory quota leaves no room" in r for r in relaunches
+    )
+
+
 def test_a_failed_pods_message_carries_the_last_error_line_of_its_log(tmp_path: Path) -> None:
     with LocalBackend(tmp_path / "logs") as backend:
         backend.launch(

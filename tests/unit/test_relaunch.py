@@ -67,6 +67,39 @@ def test_an_oom_kill_relaunches_with_more_memory() -> None:
     assert "OOM-killed at 2048Mi: relaunched with 4096Mi" in decision.reason
 
 
+@pytest.mark.parametrize(
+    ("room", "memory"),
+    [(None, 4096), (8192, 4096), (2048, 4096), (1000, 2048 + 768), (255, 2048), (-512, 2048)],
+)
+def test_an_oom_kill_grows_a_pod_only_as_far_as_the_jobs_memory_quota_leaves(
+    room: int | None, memory: int
+) -> None:
+    """x2 wanted (2048 -> 4096); the room the quota leaves, rounded down to the 256 MiB step,
+    caps it; with less than a step (or a job already over its quota) the pod is relaunched as
+    it was, counted, and Stage 3 may reshape the job within its quota."""
+    stop = _exit(ExitCause.OOM_KILLED, code=137)
+    decision = decide_relaunch(stop, [], SETTINGS, memory_room_mb=room)
+    assert isinstance(decision, Relaunch) and decision.counted
+    assert decision.memory_mb == memory
+    if memory == 2048:
+        assert "memory quota leaves no room for more" in decision.reason
+    elif room is not None and room < 2048:
+        assert "the most the job's memory quota leaves" in decision.reason
+
+
+def test_repeated_oom_kills_with_no_room_in_the_quota_fail_the_job_saying_so() -> None:
+    earlier = [_exit(ExitCause.OOM_KILLED, time=t, code=137) for t in (800.0, 900.0)]
+    stop = _exit(ExitCause.OOM_KILLED, time=1000.0, code=137)
+    decision = decide_relaunch(stop, earlier, SETTINGS, memory_room_mb=0)
+    assert isinstance(decision, FailJob)
+    assert "last: was OOM-killed (exit code 137) at 2048Mi" in decision.reason
+    assert decision.reason.endswith(
+        "the job's memory quota leaves no room for more (0Mi free): raise resources.limits.memory"
+    )
+    roomy = decide_relaunch(stop, earlier, SETTINGS, memory_room_mb=4096)
+    assert isinstance(roomy, FailJob) and "quota" not in roomy.reason
+
+
 def test_an_oom_kill_at_the_node_maximum_fails_the_job() -> None:
     top = SETTINGS.node.max_memory_mb
     decision = decide_relaunch(_exit(ExitCause.OOM_KILLED, memory_mb=top), [], SETTINGS)

@@ -8,7 +8,8 @@ decision through its cluster backend.
       else, node lost                          -> relaunch as it was; not counted
     OOM-killed                                 -> relaunch with memory x oom_memory_factor
                                                   (at most +oom_max_step_mb, at most the node's
-                                                  maximum); counted
+                                                  maximum, at most what the job's memory quota
+                                                  leaves); counted
     error exit, could not start                -> relaunch as it was; counted
     the pod's counted failures within
       failure_window_s reach max_failures      -> the job fails, naming the pod and its exit
@@ -114,12 +115,22 @@ def oom_grown_memory(requested_mb: int, s: PostScaleSettings, node: NodeLimits) 
 
 
 def decide_relaunch(
-    stop: PodExit, earlier: Sequence[PodExit], settings: PlannerSettings
+    stop: PodExit,
+    earlier: Sequence[PodExit],
+    settings: PlannerSettings,
+    *,
+    memory_room_mb: int | None = None,
 ) -> RelaunchDecision:
     """What to do about ``stop``, given the job's ``earlier`` stops (any pods, any order).
 
     Only ``earlier`` stops of the same pod name, counted, and within ``failure_window_s``
     before ``stop`` count toward ``max_failures``; ``stop`` itself counts when it is counted.
+
+    ``memory_room_mb``: MiB the job's memory quota leaves beyond its pods' (the stopped one's
+    included); None: no quota to keep. An OOM-killed pod grows by at most that much, rounded
+    down to the node's memory step. With no room it is relaunched as it was: the OOM is in the
+    job's events, where Stage 3 may reshape the job within its quota (fewer workers, more PS);
+    if it is killed again, that counts toward ``max_failures`` like any other failure.
     """
     r = settings.relaunch
     if stop.cause is ExitCause.COMPLETED:
@@ -147,12 +158,24 @@ def decide_relaunch(
     failures = [*recent, stop]
     if len(failures) >= r.max_failures:
         codes = ", ".join(_code(e) for e in failures)
-        return FailJob(
-            node=stop.node,
-            reason=f"{stop.node} failed {len(failures)} times within "
-            f"{r.failure_window_s:g} s (exit codes {codes}; last: {_describe(stop)}); "
-            f"the job stops (relaunch.max_failures = {r.max_failures})",
+        last = _describe(stop)
+        if stop.cause is ExitCause.OOM_KILLED:
+            last += f" at {stop.memory_mb}Mi"
+        why = (
+            f"{stop.node} failed {len(failures)} times within {r.failure_window_s:g} s (exit "
+            f"codes {codes}; last: {last}); the job stops (relaunch.max_failures = "
+            f"{r.max_failures})"
         )
+        if (
+            stop.cause is ExitCause.OOM_KILLED
+            and memory_room_mb is not None
+            and memory_room_mb < settings.node.memory_step_mb
+        ):
+            why += (
+                f"; the job's memory quota leaves no room for more ({memory_room_mb}Mi free): "
+                "raise resources.limits.memory"
+            )
+        return FailJob(node=stop.node, reason=why)
     count = f"failure {len(failures)} of {r.max_failures} within {r.failure_window_s:g} s"
     if stop.cause is ExitCause.OOM_KILLED:
         grown = oom_grown_memory(stop.memory_mb, settings.post_scale, settings.node)
@@ -162,13 +185,28 @@ def decide_relaunch(
                 reason=f"{stop.node} was OOM-killed at {stop.memory_mb}Mi, the most a pod may "
                 f"have (node.max_memory_mb); more PS or a smaller model is needed",
             )
+        capped = ""
+        if memory_room_mb is not None and grown > stop.memory_mb + memory_room_mb:
+            step = settings.node.memory_step_mb
+            grown = stop.memory_mb + max(0, memory_room_mb) // step * step
+            capped = f", the most the job's memory quota leaves ({memory_room_mb}Mi free)"
+        if grown <= stop.memory_mb:
+            return Relaunch(
+                node=stop.node,
+                cpu=stop.cpu,
+                memory_mb=stop.memory_mb,
+                counted=True,
+                reason=f"{stop.node} OOM-killed at {stop.memory_mb}Mi: the job's memory quota "
+                f"leaves no room for more ({memory_room_mb}Mi free): relaunched as it was "
+                f"({count})",
+            )
         return Relaunch(
             node=stop.node,
             cpu=stop.cpu,
             memory_mb=grown,
             counted=True,
-            reason=f"{stop.node} OOM-killed at {stop.memory_mb}Mi: relaunched with {grown}Mi "
-            f"({count})",
+            reason=f"{stop.node} OOM-killed at {stop.memory_mb}Mi: relaunched with {grown}Mi"
+            f"{capped} ({count})",
         )
     return Relaunch(
         node=stop.node,
