@@ -44,6 +44,7 @@ from dlrover_kfp.core.planner.search import MemoryNeeds
 from dlrover_kfp.core.planner.settings import AutoScaleSettings, MemoryGrowthSettings
 from dlrover_kfp.core.profile import RuntimeSample
 from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings
+from dlrover_kfp.sim.cluster.oracle import worker_need_mb
 from dlrover_kfp.sim.cluster.runner import run_policy
 from dlrover_kfp.sim.cluster.trace import (
     FAMILIES,
@@ -86,9 +87,10 @@ def _tell_memory(jobs: Sequence[TraceJob], variant: str) -> None:
         if truth is None:
             return needs, change
         if variant in ("workers told", "both told"):
-            needs = dataclasses.replace(needs, worker_mb=math.ceil(truth.worker_mb))
+            needs = dataclasses.replace(needs, worker_mb=worker_need_mb(truth))
         if variant in ("PS told", "both told"):
-            # every PS holds the largest one's share (as the oracle sizes them), p of them
+            # every PS holds the largest one's share, p of them: oracle.ps_need_mb in
+            # MemoryNeeds' form (runtime + state / p), for any p of 2 or more
             state = truth.ps_total_mb(1.0) * (1 + truth.imbalance) + truth.snapshot_mb
             needs = dataclasses.replace(needs, ps_state_mb=math.ceil(state))
         return needs, change

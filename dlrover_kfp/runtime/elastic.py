@@ -268,15 +268,10 @@ class ElasticPolicy:
     def _memory_room_mb(self) -> int:
         """MiB the job's memory quota leaves beyond its pods' memory, each pod at what it was
         last launched with (a pod relaunched after an OOM holds more than its group)."""
-        names = [self.run.worker_name(k) for k in range(self.run.workers.count)]
-        held = sum(
-            self.run.launched[n].memory_mb if n in self.run.launched else self.run.workers.memory_mb
-            for n in names
-        )
-        held += sum(
-            self.run.launched[n].memory_mb if n in self.run.launched else self.run.ps.memory_mb
-            for n in self._ps_pod_names()
-        )
+        pods = [(self.run.worker_name(k), self.run.workers) for k in range(self.run.workers.count)]
+        pods += [(name, self.run.ps) for name in self._ps_pod_names()]
+        launched = self.run.launched
+        held = sum(launched[n].memory_mb if n in launched else g.memory_mb for n, g in pods)
         return self.ctx.quota_memory_mb - held
 
     def start_failed(self, pod: PodStatus) -> None:

@@ -129,6 +129,22 @@ def test_a_model_too_big_for_any_pod_is_refused_with_the_memory_it_needs(tmp_pat
     )
 
 
+def _heavy_ps_settings(tmp_path: Path) -> RunSettings:
+    """Run settings whose pods start through an interpreter that loads 800 MiB more in a PS
+    pod. A worker pod runs `PYTHON -m dlrover_kfp.training.node worker ...`, a PS pod
+    `PYTHON -m dlrover_kfp.training.supervisor --fork dlrover_kfp.training.node ...`, which
+    loads the PS's modules and forks the PS: the PS pod's first process gets the ballast."""
+    heavy = tmp_path / "python"
+    code = (
+        "import runpy, sys; "
+        "ballast = b'x' * (800 << 20) if sys.argv[2].endswith('supervisor') else b''; "
+        "sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__')"
+    )
+    heavy.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{code}" "$@"\n')
+    heavy.chmod(0o755)
+    return RunSettings(sample_interval_s=0.5, checkpoint_interval_s=0.0, python=str(heavy))
+
+
 def test_a_ps_oom_killed_at_start_is_relaunched_bigger_and_the_job_trains_every_row(
     tmp_path: Path,
 ) -> None:
@@ -141,18 +157,7 @@ def test_a_ps_oom_killed_at_start_is_relaunched_bigger_and_the_job_trains_every_
     the 768Mi asked, so the ballast was 450 MiB and the OOM at 768Mi before.)"""
     spec = _spec(_job("{count: 1, cpu: 1, memory: 768Mi}", rows=5_000, worker_cpu=1))
     assert min_ps_memory_mb(spec.model, 1) == 629  # 768 clears the check; planned 629 x 1.5
-    heavy = tmp_path / "python"
-    # A worker pod runs `PYTHON -m dlrover_kfp.training.node worker ...`, a PS pod
-    # `PYTHON -m dlrover_kfp.training.supervisor --fork dlrover_kfp.training.node ...`, which
-    # loads the PS's modules and forks the PS: the PS pod's first process gets the ballast.
-    code = (
-        "import runpy, sys; "
-        "ballast = b'x' * (800 << 20) if sys.argv[2].endswith('supervisor') else b''; "
-        "sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__')"
-    )
-    heavy.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{code}" "$@"\n')
-    heavy.chmod(0o755)
-    settings = RunSettings(sample_interval_s=0.5, checkpoint_interval_s=0.0, python=str(heavy))
+    settings = _heavy_ps_settings(tmp_path)
     options = RunOptions(output_dir=tmp_path / "out", base_dir=tmp_path, settings=settings)
     result = run_local(spec, options, progress=lambda line: None)
     profile = result.profile
@@ -179,15 +184,7 @@ def test_a_ps_oom_killed_with_no_room_in_the_quota_is_not_grown_past_it_and_the_
     the job's quota, and the run went on outside it.)"""
     text = _job("{count: 1, cpu: 1, memory: 768Mi}", rows=5_000, worker_cpu=1)
     spec = _spec(text + "  limits: {cpu: 2, memory: 1792Mi}\n")
-    heavy = tmp_path / "python"
-    code = (
-        "import runpy, sys; "
-        "ballast = b'x' * (800 << 20) if sys.argv[2].endswith('supervisor') else b''; "
-        "sys.argv = sys.argv[2:]; runpy.run_module(sys.argv[0], run_name='__main__')"
-    )
-    heavy.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "{code}" "$@"\n')
-    heavy.chmod(0o755)
-    settings = RunSettings(sample_interval_s=0.5, checkpoint_interval_s=0.0, python=str(heavy))
+    settings = _heavy_ps_settings(tmp_path)
     options = RunOptions(output_dir=tmp_path / "out", base_dir=tmp_path, settings=settings)
     result = run_local(spec, options, progress=lambda line: None)
     profile = result.profile

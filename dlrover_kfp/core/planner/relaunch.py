@@ -156,28 +156,25 @@ def decide_relaunch(
         key=lambda e: e.time,
     )
     failures = [*recent, stop]
+    oom = stop.cause is ExitCause.OOM_KILLED
+    # Less than one memory step left in the job's quota: an OOM-killed pod cannot grow.
+    no_room = oom and memory_room_mb is not None and memory_room_mb < settings.node.memory_step_mb
     if len(failures) >= r.max_failures:
         codes = ", ".join(_code(e) for e in failures)
-        last = _describe(stop)
-        if stop.cause is ExitCause.OOM_KILLED:
-            last += f" at {stop.memory_mb}Mi"
+        last = f"{_describe(stop)} at {stop.memory_mb}Mi" if oom else _describe(stop)
         why = (
             f"{stop.node} failed {len(failures)} times within {r.failure_window_s:g} s (exit "
             f"codes {codes}; last: {last}); the job stops (relaunch.max_failures = "
             f"{r.max_failures})"
         )
-        if (
-            stop.cause is ExitCause.OOM_KILLED
-            and memory_room_mb is not None
-            and memory_room_mb < settings.node.memory_step_mb
-        ):
+        if no_room:
             why += (
                 f"; the job's memory quota leaves no room for more ({memory_room_mb}Mi free): "
                 "raise resources.limits.memory"
             )
         return FailJob(node=stop.node, reason=why)
     count = f"failure {len(failures)} of {r.max_failures} within {r.failure_window_s:g} s"
-    if stop.cause is ExitCause.OOM_KILLED:
+    if oom:
         grown = oom_grown_memory(stop.memory_mb, settings.post_scale, settings.node)
         if grown <= stop.memory_mb:
             return FailJob(
@@ -185,28 +182,26 @@ def decide_relaunch(
                 reason=f"{stop.node} was OOM-killed at {stop.memory_mb}Mi, the most a pod may "
                 f"have (node.max_memory_mb); more PS or a smaller model is needed",
             )
-        capped = ""
-        if memory_room_mb is not None and grown > stop.memory_mb + memory_room_mb:
+        what = f"relaunched with {grown}Mi"
+        if no_room:
+            grown = stop.memory_mb
+            what = (
+                f"the job's memory quota leaves no room for more ({memory_room_mb}Mi free): "
+                "relaunched as it was"
+            )
+        elif memory_room_mb is not None and grown > stop.memory_mb + memory_room_mb:
             step = settings.node.memory_step_mb
-            grown = stop.memory_mb + max(0, memory_room_mb) // step * step
-            capped = f", the most the job's memory quota leaves ({memory_room_mb}Mi free)"
-        if grown <= stop.memory_mb:
-            return Relaunch(
-                node=stop.node,
-                cpu=stop.cpu,
-                memory_mb=stop.memory_mb,
-                counted=True,
-                reason=f"{stop.node} OOM-killed at {stop.memory_mb}Mi: the job's memory quota "
-                f"leaves no room for more ({memory_room_mb}Mi free): relaunched as it was "
-                f"({count})",
+            grown = stop.memory_mb + memory_room_mb // step * step
+            what = (
+                f"relaunched with {grown}Mi, the most the job's memory quota leaves "
+                f"({memory_room_mb}Mi free)"
             )
         return Relaunch(
             node=stop.node,
             cpu=stop.cpu,
             memory_mb=grown,
             counted=True,
-            reason=f"{stop.node} OOM-killed at {stop.memory_mb}Mi: relaunched with {grown}Mi"
-            f"{capped} ({count})",
+            reason=f"{stop.node} OOM-killed at {stop.memory_mb}Mi: {what} ({count})",
         )
     return Relaunch(
         node=stop.node,
