@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,7 +58,8 @@ def test_plan_cold_then_warm(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         profile = make_profile(
             run_id=f"ctr-{k}",
             table_sizes=(1000, 2000, 3000),
-            started_at="2026-11-01T00:00:00Z",
+            # `plan` reads the real clock (warm start looks back 30 days): a day before it
+            started_at=time.time() - 86_400.0,
             **OVER_PROVISIONED_PODS,
             used_fraction=0.3,
         )
