@@ -104,11 +104,17 @@ log "PostgreSQL running on 127.0.0.1:$port, data in $base/data"
 log "stop it with: ${owner:+(as $owner) }$bindir/pg_ctl -D $base/data stop"
 printf 'export DLROVER_KFP_TEST_POSTGRES_URL=postgresql+psycopg://%s:%s@127.0.0.1:%s/%s\n' \
   "$user" "$password" "$port" "$db"
-# How to stop it (the caller's EXIT trap runs this): as the server's owner, fast, then clean up.
+# How to restart it (a test of what a server restart does to runs that end meanwhile): the
+# same options, read back from postmaster.opts by pg_ctl. How to stop it (the caller's EXIT
+# trap runs this): as the server's owner, fast, then clean up.
 if [ "$(id -u)" -eq 0 ]; then
+  printf "export DLROVER_KFP_TEST_POSTGRES_RESTART='su -s /bin/sh %s -c \"%s -D %s restart -m fast -w -s -l %s\"'\n" \
+    "$owner" "$bindir/pg_ctl" "$base/data" "$base/server.log"
   printf "export DLROVER_KFP_TEST_POSTGRES_STOP='su -s /bin/sh %s -c \"%s -D %s stop -m fast -s\" && rm -rf %s'\n" \
     "$owner" "$bindir/pg_ctl" "$base/data" "$base"
 else
+  printf "export DLROVER_KFP_TEST_POSTGRES_RESTART='%s -D %s restart -m fast -w -s -l %s'\n" \
+    "$bindir/pg_ctl" "$base/data" "$base/server.log"
   printf "export DLROVER_KFP_TEST_POSTGRES_STOP='%s -D %s stop -m fast -s && rm -rf %s'\n" \
     "$bindir/pg_ctl" "$base/data" "$base"
 fi

@@ -17,7 +17,6 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 from dlrover_kfp.core.documents import parse
@@ -25,7 +24,7 @@ from dlrover_kfp.core.plan import NodeGroup, Stage
 from dlrover_kfp.core.profile import AppliedPlan, JobProfile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.core.summary import cpu_utilisation
-from dlrover_kfp.runtime.job import Meter, RunResult
+from dlrover_kfp.runtime.job import Meter, RunResult, new_run_id
 from dlrover_kfp.runtime.launch import run_local
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
 from dlrover_kfp.training.data import split_ranges
@@ -183,13 +182,14 @@ def run_quickstart(
     for r in range(1, rounds + 1):
         run_dir = output_dir / f"round-{r}"
         _clear_run_outputs(run_dir)
-        stamp = datetime.fromtimestamp(time.time(), UTC).strftime("%Y%m%dT%H%M%S")
+        # unique across quickstarts started together into one history (runtime/job.py)
+        stamp = new_run_id(spec.name, time.time())
         options = RunOptions(
             output_dir=run_dir,
             base_dir=output_dir,
             settings=settings,
             history_url=history_url,
-            run_id=f"{spec.name}-{stamp}-r{r}",
+            run_id=f"{stamp}-r{r}",
         )
         result = run_local(spec, options, progress=_tagged(progress, f"[round {r}/{rounds}] "))
         done = RoundResult(round=r, run_dir=run_dir, result=result, expected_samples=expected)

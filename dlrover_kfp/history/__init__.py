@@ -74,7 +74,20 @@ def resolve_history_url(cli_value: str | None, environ: Mapping[str, str]) -> st
 
 
 def _as_url(value: str) -> str:
-    return value if "://" in value else _sqlite_url(Path(value))
+    """A history URL with a SQLite file's path made absolute: ``sqlite:///runs/h.db`` is
+    relative to the working directory, and the same text from another directory would be
+    another file (its pending profiles, keyed by the URL, would go to that one)."""
+    if "://" not in value:
+        return _sqlite_url(Path(value))
+    try:
+        parsed = parse_url(value)
+    except UserInputError:
+        return value  # refused, with its reason, where it is opened
+    raw = sqlite_path(parsed) if is_sqlite(parsed) else None
+    if raw is None or raw.startswith("file:") or Path(raw).is_absolute():
+        return value
+    absolute = str(Path(raw).expanduser().absolute())
+    return parsed.set(database=absolute).render_as_string(hide_password=False)
 
 
 def _sqlite_url(path: Path) -> str:

@@ -48,6 +48,14 @@ SQLITE_BUSY_TIMEOUT_S = 30.0
 #: How long to wait for a database server to answer a connection attempt (seconds).
 SERVER_CONNECT_TIMEOUT_S = 10
 
+#: PostgreSQL: how long one statement waits for a lock another session holds (a table locked
+#: by hand, a long migration), and how long any statement may run (seconds). PostgreSQL's
+#: defaults are 0, no limit: a locked history made every run's end hang with no message. As
+#: SQLite's busy timeout, far longer than a record takes; a statement stopped by either is
+#: SQLSTATE 55P03 or 57014, a transient error (exit 75, retry later).
+SERVER_LOCK_TIMEOUT_S = 30
+SERVER_STATEMENT_TIMEOUT_S = 60
+
 #: Execution option that marks a connection's next transaction as a writer (BEGIN IMMEDIATE).
 _WRITE_OPTION = "dlrover_kfp_write"
 
@@ -114,8 +122,10 @@ def create_history_engine(url: URL) -> Engine:
         # pre_ping: a pooled connection the server dropped is replaced, not reported as an error.
         # connect_timeout: an unreachable server is a quick transient error, not a long hang.
         server_args: dict[str, Any] = {}
-        if url.get_backend_name() == "postgresql" and "connect_timeout" not in url.query:
-            server_args["connect_timeout"] = SERVER_CONNECT_TIMEOUT_S
+        if url.get_backend_name() == "postgresql":
+            if "connect_timeout" not in url.query:
+                server_args["connect_timeout"] = SERVER_CONNECT_TIMEOUT_S
+            server_args["options"] = _pg_options(url)
         return sa.create_engine(url, pool_pre_ping=True, connect_args=server_args)
     connect_args: dict[str, Any] = {}
     if "timeout" not in url.query:
@@ -124,6 +134,21 @@ def create_history_engine(url: URL) -> Engine:
     event.listen(engine, "connect", _sqlite_on_connect)
     event.listen(engine, "begin", _sqlite_on_begin)
     return engine
+
+
+def _pg_options(url: URL) -> str:
+    """The URL's own ``?options=`` (a ``search_path``, say) with the bounded waits added,
+    each unless the URL sets it itself."""
+    given = url.query.get("options", "")
+    own = " ".join(given) if isinstance(given, tuple) else given
+    parts = [own] if own else []
+    for name, seconds in (
+        ("lock_timeout", SERVER_LOCK_TIMEOUT_S),
+        ("statement_timeout", SERVER_STATEMENT_TIMEOUT_S),
+    ):
+        if name not in own:
+            parts.append(f"-c {name}={int(seconds * 1000)}")
+    return " ".join(parts)
 
 
 def _sqlite_on_connect(dbapi_connection: Any, connection_record: Any) -> None:

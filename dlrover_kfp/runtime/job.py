@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import math
+import secrets
 import shutil
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ from dlrover_kfp.runtime.rundir import (
     refuse_changed,
     run_inputs,
 )
-from dlrover_kfp.runtime.runfile import RUN_FILE, unfinished_run
+from dlrover_kfp.runtime.runfile import FINISHED, RUN_FILE, unfinished_run
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.data import split_ranges
 from dlrover_kfp.training.datasets import data_fingerprint, open_dataset
@@ -269,6 +270,16 @@ class StaticPolicy:
         )
 
 
+def new_run_id(name: str, started_wall: float) -> str:
+    """A run's default id: ``NAME-YYYYmmddTHHMMSS-XXXXXXXX``, its start (UTC, for people) and
+    32 random bits. The time alone has one-second resolution: runs of one job started together
+    (a backfill, a retried schedule) got one id, and the history, which keeps one profile per
+    id, kept one of them while each printed ``recorded``. The random part makes ids unique
+    across processes and hosts (a collision among 1,000 runs started in one second: < 1e-4)."""
+    stamp = datetime.fromtimestamp(started_wall, UTC).strftime("%Y%m%dT%H%M%S")
+    return f"{name}-{stamp}-{secrets.token_hex(4)}"
+
+
 class JobRun(Generic[P]):
     """One run of a job: build it, then call :meth:`run` once.
 
@@ -357,8 +368,7 @@ class JobRun(Generic[P]):
                 self.resume_from = choice
         else:
             run_id = options.run_id
-        stamp = datetime.fromtimestamp(self.started_wall, UTC).strftime("%Y%m%dT%H%M%S")
-        self.run_id = run_id or f"{spec.name}-{stamp}"
+        self.run_id = run_id or new_run_id(spec.name, self.started_wall)
         self.resumed = previous is not None
         self.progress = progress or (lambda line: log.info("%s", line))
         self.samples: list[RuntimeSample] = []
@@ -580,23 +590,22 @@ class JobRun(Generic[P]):
             self._journal_failed = True
         return t, samples, loss_sum
 
-    def _journal(self) -> None:
+    def _journal(self, *, finished: bool = False) -> None:
         """The run file: which run this directory holds, and its events so far. A master killed
         between two checkpoints loses its timeline since the last one with it; a master started
-        again takes the events from here (see :attr:`journalled`)."""
-        write_atomic(
-            self.output_dir / RUN_FILE,
-            json.dumps(
-                {
-                    "run_id": self.run_id,
-                    "job": self.spec.name,
-                    "started_wall": self.started_wall,
-                    "inputs": self.inputs,
-                    "events": [to_dict(e) for e in self.events],
-                }
-            )
-            + "\n",
-        )
+        again takes the events from here (see :attr:`journalled`). ``finished``: the run has
+        ended and its ``profile.json`` is written (:data:`~dlrover_kfp.runtime.runfile.
+        FINISHED`)."""
+        document: dict[str, Any] = {
+            "run_id": self.run_id,
+            "job": self.spec.name,
+            "started_wall": self.started_wall,
+            "inputs": self.inputs,
+            "events": [to_dict(e) for e in self.events],
+        }
+        if finished:
+            document[FINISHED] = True
+        write_atomic(self.output_dir / RUN_FILE, json.dumps(document) + "\n")
 
     def rebase_rates(self, state: MasterState, t: float) -> None:
         """Each worker's rate counts from what it has reported by ``t``: counts restored from
@@ -749,12 +758,25 @@ class JobRun(Generic[P]):
         jct = self.t()
         samples, _, _, _ = state.totals()
         profile = self._profile(status, reason, jct, samples, metrics)
-        self._write_profile(profile)
-        if status != "cancelled":
+        written = self._write_profile(profile)
+        # The run file stays, marked finished, until the profile is handed over (recorded or
+        # kept pending: runtime/launch.py): a master killed before that is not a run to train
+        # again; the same command records it. Without its profile on disk there is nothing to
+        # hand over from there: the run file goes as before. A cancelled run keeps it as it is
+        # (running it again resumes).
+        if status != "cancelled" and not (written and self._mark_finished()):
             (self.output_dir / RUN_FILE).unlink(missing_ok=True)
         return RunResult(profile=profile, output_dir=self.output_dir, model_dir=model_dir)
 
-    def _write_profile(self, profile: JobProfile) -> None:
+    def _mark_finished(self) -> bool:
+        try:
+            self._journal(finished=True)
+        except UserInputError as exc:  # a full disk
+            log.warning("%s: the run file cannot say the run finished", exc)
+            return False
+        return True
+
+    def _write_profile(self, profile: JobProfile) -> bool:
         """``profile.json``, also on a full disk: no pod writes a checkpoint any more, so an
         unfinished ``step-N.tmp`` is a failed one and goes first; then the profile is written,
         from the run's reserve if the disk is full. The reserve is kept then (the history is
@@ -763,12 +785,15 @@ class JobRun(Generic[P]):
             self.output_dir / "checkpoints", self.settings.keep_checkpoints, all_tmp=True
         )
         path = self.output_dir / "profile.json"
+        written = True
         try:
             write_atomic(path, to_json(profile) + "\n", reserve=self.reserve.path)
         except UserInputError as exc:
             self.progress(f"{self.run_id}: {exc}: the profile is not on disk")
+            written = False
         if self.reserve.untouched():
             self.reserve.release()
+        return written
 
     @signals.uninterruptible
     def _release(self, server: Server) -> None:

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 
 from dlrover_kfp.backends import ClusterBackend, LocalBackend
 from dlrover_kfp.core.documents import to_json
 from dlrover_kfp.core.profile import JobProfile
 from dlrover_kfp.core.spec import JobSpec
-from dlrover_kfp.errors import UserInputError
+from dlrover_kfp.errors import PermanentError, UserInputError
 from dlrover_kfp.files import read_document, write_atomic
 from dlrover_kfp.history import open_history
-from dlrover_kfp.history.pending import record_or_keep
+from dlrover_kfp.history.pending import keep_pending, record_or_keep
 from dlrover_kfp.planning import (
     check_plan,
     known_points,
@@ -34,6 +35,7 @@ from dlrover_kfp.runtime.job import Progress, RunResult, static_groups, static_r
 from dlrover_kfp.runtime.options import RunOptions
 from dlrover_kfp.runtime.reserve import reserve_path
 from dlrover_kfp.runtime.rundir import hold_output_dir
+from dlrover_kfp.runtime.runfile import RUN_FILE, close_run_file, finished_run_id
 from dlrover_kfp.training.installed import require_trainer
 
 log = logging.getLogger(__name__)
@@ -66,14 +68,49 @@ def run_job(
     unfinished in the output dir (killed) goes on from its last committed checkpoint
     (:class:`~dlrover_kfp.runtime.job.JobRun`).
     """
-    require_trainer(f"training {spec.name}")
-    if options.static:
-        result = _run_static(spec, backend, options, progress)
+    done = finished_run(options.output_dir, progress) if options.resume else None
+    if done is not None:
+        result = done
     else:
-        result = _run_elastic(spec, backend, options, progress)
+        require_trainer(f"training {spec.name}")
+        if options.static:
+            result = _run_static(spec, backend, options, progress)
+        else:
+            result = _run_elastic(spec, backend, options, progress)
     if options.history_url is not None and options.record:
         result = record_run(options.history_url, result, progress)
+    # Only now, the profile handed over (or left to the caller's record step), may the run
+    # file go: a master killed before this leaves a finished run that the same command records.
+    close_run_file(result.output_dir)
     return result
+
+
+def finished_run(output_dir: Path, progress: Progress) -> RunResult | None:
+    """The run that ended in ``output_dir`` but whose master was stopped before it handed its
+    profile over (killed or stopped while recording): its result as written, to record now
+    rather than train the whole job again under a new id. None where there is none."""
+    output_dir = output_dir.absolute()
+    run_id = finished_run_id(output_dir)
+    if run_id is None:
+        return None
+    path = output_dir / "profile.json"
+    profile = read_document(JobProfile, path)
+    if profile.run_id != run_id:
+        raise UserInputError(
+            f"{path}: the profile of run {profile.run_id}, but {output_dir / RUN_FILE} says run "
+            f"{run_id} finished here; to start afresh run again with --fresh"
+        )
+    model = output_dir / "model"
+    succeeded = profile.outcome.status == "succeeded"
+    progress(
+        f"{run_id}: this run ended before (its master stopped while recording its profile); "
+        "its profile is recorded now and nothing is trained again"
+    )
+    return RunResult(
+        profile=profile,
+        output_dir=output_dir,
+        model_dir=model if succeeded and model.is_dir() else None,
+    )
 
 
 def _run_static(
@@ -115,7 +152,19 @@ def record_run(history_url: str, result: RunResult, progress: Progress) -> RunRe
     the run's reserved space (:mod:`~dlrover_kfp.runtime.reserve`), released at the end."""
     reserve = reserve_path(result.output_dir)
     try:
-        outcome = record_or_keep(history_url, result.profile, reserve=reserve)
+        # The hand-off: the profile is durable in the store's pending directory before the
+        # record starts, so that a master killed during the record leaves it for the next run
+        # into this store (record_or_keep removes the copy once the store holds the profile).
+        kept_first = _keep_first(history_url, result.profile, reserve)
+        try:
+            outcome = record_or_keep(history_url, result.profile, reserve=reserve)
+        except PermanentError as exc:
+            if kept_first is None:
+                raise
+            raise type(exc)(
+                f"{exc} (the profile of {result.profile.run_id} is kept in {kept_first}; once "
+                "the history is fixed, `dlrover-kfp record --pending` records it)"
+            ) from None
         for run_id in outcome.drained:
             progress(f"history: recorded the pending profile of {run_id}")
         if outcome.kept is None:
@@ -132,6 +181,14 @@ def record_run(history_url: str, result: RunResult, progress: Progress) -> RunRe
     return dataclasses.replace(result, profile=profile)
 
 
+def _keep_first(history_url: str, profile: JobProfile, reserve: Path) -> Path | None:
+    try:
+        return keep_pending(history_url, profile, reserve=reserve)
+    except UserInputError as exc:  # no room even in the reserve: the record is tried all the same
+        log.warning("the profile of %s was not kept before its record: %s", profile.run_id, exc)
+        return None
+
+
 def run_local(spec: JobSpec, options: RunOptions, *, progress: Progress) -> RunResult:
     """:func:`run_job` with the pods as local processes (their logs under ``logs/``), holding
     ``options.output_dir`` for the whole run (:func:`~dlrover_kfp.runtime.rundir.hold_output_dir`:
@@ -146,4 +203,4 @@ def run_local(spec: JobSpec, options: RunOptions, *, progress: Progress) -> RunR
         )
 
 
-__all__ = ["record_run", "run_job", "run_local", "unwind_on_sigterm"]
+__all__ = ["finished_run", "record_run", "run_job", "run_local", "unwind_on_sigterm"]

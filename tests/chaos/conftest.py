@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tests.chaos.harness import ROWS, run_chaos
+from tests.contract.test_history_store import postgres_schema_url, postgres_url
+
+__all__ = ["postgres_schema_url", "postgres_url"]  # fixtures for the PostgreSQL record tests
 
 
 @pytest.fixture(scope="session")

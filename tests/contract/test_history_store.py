@@ -85,7 +85,7 @@ def postgres_url() -> str:
 def postgres_schema_url(postgres_url: str) -> Iterator[str]:
     """A URL whose ``search_path`` is a brand-new schema, dropped after the test."""
     schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(postgres_url)
+    admin = sa.create_engine(postgres_url, pool_pre_ping=True)  # a test may restart the server
     try:
         with admin.begin() as conn:
             conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
