@@ -82,7 +82,7 @@ from typing import Any
 from dlrover_kfp.core.documents import parse, to_dict
 from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.observation import Config, Observation
-from dlrover_kfp.core.plan import NodeGroup, ResourcePlan
+from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner import (
     PlannerSettings,
     ScalingStep,
@@ -91,7 +91,9 @@ from dlrover_kfp.core.planner import (
     throughput_before,
 )
 from dlrover_kfp.core.planner.auto_scale import describe, plan_config
+from dlrover_kfp.core.planner.context import PlanningContext
 from dlrover_kfp.core.planner.post_scale import Instability, post_scale
+from dlrover_kfp.core.planner.quota import resume_within_quota
 from dlrover_kfp.core.planner.relaunch import (
     ExitCause,
     FailJob,
@@ -100,6 +102,7 @@ from dlrover_kfp.core.planner.relaunch import (
     Relaunch,
     decide_relaunch,
 )
+from dlrover_kfp.core.planner.search import InfeasiblePlanError
 from dlrover_kfp.core.planner.steadiness import Move, Proposal, refusal
 from dlrover_kfp.core.profile import AppliedPlan, EventKind, JobEvent, RuntimeSample
 from dlrover_kfp.core.reconcile import ChangeKind, Pod, move_ps, reconcile
@@ -136,6 +139,39 @@ _CAUSES = {
 }
 
 
+def _resumed_shape(
+    workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext
+) -> tuple[NodeGroup, NodeGroup, str]:
+    """A resumed run's shape (:func:`resume_within_quota`) and what was changed to get it
+    ("" when the checkpoint's shape fits the spec as it is now); refused where it cannot."""
+    fitted = resume_within_quota(workers, ps, ctx)
+    had = _shape(workers, ps)
+    if not fitted.fits:
+        raise InfeasiblePlanError(
+            f"resources.limits: the run resumes at its checkpoint's shape ({had}), which does "
+            f"not fit the quota (cpu {ctx.quota_cpu:g}, memory {ctx.quota_memory_mb}Mi) even "
+            f"cut to {_shape(fitted.workers, fitted.ps)} (a resumed run keeps its PS count, "
+            "whose rows the checkpoint holds); raise resources.limits, or run again with "
+            "--fresh to plan the job anew"
+        )
+    if (fitted.workers, fitted.ps) == (workers, ps):
+        return workers, ps, ""
+    return (
+        fitted.workers,
+        fitted.ps,
+        f"resumed within the spec as it is now (quota cpu {ctx.quota_cpu:g}, memory "
+        f"{ctx.quota_memory_mb}Mi; workers {ctx.min_workers}-{ctx.max_workers}): the "
+        f"checkpoint's shape {had} -> {_shape(fitted.workers, fitted.ps)}",
+    )
+
+
+def _shape(workers: NodeGroup, ps: NodeGroup) -> str:
+    return (
+        f"{workers.count}w x {workers.cpu:g}cpu/{workers.memory_mb}Mi + "
+        f"{ps.count}ps x {ps.cpu:g}cpu/{ps.memory_mb}Mi"
+    )
+
+
 class ElasticPolicy:
     """What makes a run elastic (the module docstring): plans applied to live pods, failed pods
     relaunched, a failed PS rolled back. It starts from ``plan`` (Stage 1's, or the user's
@@ -151,17 +187,20 @@ class ElasticPolicy:
         migration: Migration = "live",
     ) -> None:
         self.run = run
-        extra = self.run.resume_from.extra if self.run.resume_from is not None else {}
-        if "plan" in extra:
-            # A resumed run goes on at the shape it had, with its timeline so far.
-            self.run.workers = parse(
-                NodeGroup, extra["plan"]["workers"], "checkpoint", prefix="workers."
-            )
-            self.run.ps = parse(NodeGroup, extra["plan"]["ps"], "checkpoint", prefix="ps.")
-            plan = dataclasses.replace(plan, workers=self.run.workers, ps=self.run.ps)
-        self.plan = plan
         self.planner = planner
         self.ctx = context_from_spec(run.spec, planner)
+        extra = self.run.resume_from.extra if self.run.resume_from is not None else {}
+        resumed_note = ""
+        if "plan" in extra:
+            # A resumed run goes on at the shape it had, with its timeline so far, within the
+            # spec as it is now (a quota lowered since is honoured, or the resume refused).
+            had = (
+                parse(NodeGroup, extra["plan"]["workers"], "checkpoint", prefix="workers."),
+                parse(NodeGroup, extra["plan"]["ps"], "checkpoint", prefix="ps."),
+            )
+            self.run.workers, self.run.ps, resumed_note = _resumed_shape(*had, self.ctx)
+            plan = dataclasses.replace(plan, workers=self.run.workers, ps=self.run.ps)
+        self.plan = plan
         self.known = tuple(known)
         self.last_step: ScalingStep | None = None
         self.plans: list[AppliedPlan] = [
@@ -177,6 +216,19 @@ class ElasticPolicy:
         seen = set(self.run.events)
         self.run.events += [e for e in self.run.journalled if e not in seen]
         self.run.events.sort(key=lambda e: e.time)
+        if resumed_note:
+            t = round(self.run.earlier_s, 3)
+            self.plans.append(
+                AppliedPlan(
+                    time=t,
+                    stage=Stage.POST_SCALE,
+                    reason=resumed_note,
+                    workers=self.run.workers,
+                    ps=self.run.ps,
+                )
+            )
+            self.run.events.append(JobEvent(time=t, kind="scale", detail=resumed_note))
+            self.run.progress(f"{self.run.run_id}: {resumed_note}")
         #: every stop handled, for the relaunch policy's failure count
         self._stops: list[PodExit] = []
         #: indices into ``samples`` where pods were (re)started: the job's start, every change

@@ -768,6 +768,12 @@ class JobRun(Generic[P]):
             (self.output_dir / RUN_FILE).unlink(missing_ok=True)
         return RunResult(profile=profile, output_dir=self.output_dir, model_dir=model_dir)
 
+    @property
+    def earlier_s(self) -> float:
+        """Seconds the run had been going before this master started (0 unless resumed): the
+        time a resumed run's timeline goes on from."""
+        return self._earlier_s
+
     def _mark_finished(self) -> bool:
         try:
             self._journal(finished=True)

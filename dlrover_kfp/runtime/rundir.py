@@ -183,6 +183,11 @@ def run_inputs(
         }
     else:
         out["data.format"] = spec.data.format
+        # How the rows are read: the path or glob as written, the column mapping (which column
+        # is the label, which the dense and categorical features) and whether the files have a
+        # header. A resume with the label mapped to another column trained the rest of the run
+        # on another target. ``data.rows`` is a planning hint and reads nothing.
+        out |= _flat("data", {k: v for k, v in to_dict(spec.data).items() if k != "rows"})
         out |= data_files(dataset)
     out |= {"held_out.eval_fraction": eval_fraction, "held_out.shard_rows": shard_rows}
     out |= {f"model.{k}": v for k, v in to_dict(spec.model).items()}
@@ -192,6 +197,16 @@ def run_inputs(
         "training.epochs": training.epochs,
         "training.learning_rate": training.learning_rate,
     }
+    return out
+
+
+def _flat(prefix: str, value: Any) -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` as ``{"prefix.a.b": 1}``: the spec's keys, as a refusal names them."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        out |= _flat(f"{prefix}.{key}", item)
     return out
 
 

@@ -154,6 +154,7 @@ def test_the_runs_own_profile_is_recorded_when_draining_fails(
     url = f"sqlite:///{tmp_path / 'history.db'}"
     _stored(url)
     _keep(url, 2)
+
     def broken(url: str, environ: object = None) -> list[tuple[str, bool]]:
         raise RuntimeError("the pending directory went away")
 

@@ -205,6 +205,26 @@ def require_quota_fit(workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext) -
     return fitted
 
 
+def resume_within_quota(workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext) -> QuotaFit:
+    """The shape a resumed run goes on at: its checkpoint's, within the spec as it is now.
+
+    The spec may have changed since the checkpoint (``resources.limits`` lowered, the elastic
+    bounds moved): the workers come within ``[min_workers, max_workers]``, then the whole is
+    cut into the quota as a running job's post-scaling cuts it (:func:`fit_to_quota` keeping
+    the PS count, whose rows the checkpoint holds). ``fits`` false: even so it is above the
+    quota (the caller refuses the resume, naming ``resources.limits``)."""
+    count = min(max(workers.count, ctx.min_workers), ctx.max_workers)
+    bounded = _with(workers, count=count)
+    fitted = fit_to_quota(bounded, ps, ctx, drop_ps=False)
+    return QuotaFit(
+        workers=fitted.workers,
+        ps=fitted.ps,
+        fits=fitted.fits,
+        workers_given_up=workers.count - fitted.workers.count,
+        cpu_cut=fitted.cpu_cut,
+    )
+
+
 class BelowMinimumError(UserInputError):
     """A plan gives a role less memory than the model needs, or more than the job's quota:
     its pods would be OOM-killed at start, or the plan breaks the user's own limit."""
@@ -298,4 +318,5 @@ __all__ = [
     "over_quota",
     "require_quota_fit",
     "require_runnable",
+    "resume_within_quota",
 ]
