@@ -158,6 +158,51 @@ class ShardLedger:
         }
 
     @classmethod
+    def restored(
+        cls, data: Any, ranges: tuple[tuple[int, int, int], ...], epochs: int
+    ) -> ShardLedger:
+        """The ledger of a checkpoint (:meth:`to_dict`), cross-checked against the run's own
+        split before it is trusted: the same shards (``ranges``, from the data and the
+        hold-out) and epochs; every shard of the current epoch either to do or done, once;
+        the rows done those of the epochs and shards done. A checkpoint's ledger that fails
+        any of these was changed after it was written (a flipped bit, an edit); restoring it
+        trained a held-out row, or left nothing to lease with the epoch not done (the master
+        waited forever at 100%). Raises :class:`ValueError` naming what is wrong."""
+        if not isinstance(data, dict):
+            raise ValueError("the shard ledger is not an object")
+        try:
+            got = tuple((int(a), int(b), int(c)) for a, b, c in data["ranges"])
+            ledger = cls.from_dict(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"the shard ledger is unreadable ({exc!r})") from None
+        if got != ranges:
+            pairs = enumerate(zip(got, ranges, strict=False))
+            diff = next((i for i, (a, b) in pairs if a != b), min(len(got), len(ranges)))
+            raise ValueError(
+                f"its shards are not this run's split ({len(got)} shards, this run has "
+                f"{len(ranges)}; first difference at shard {diff})"
+            )
+        if ledger.epochs != epochs or not 0 <= ledger.epoch <= epochs:
+            raise ValueError(f"epoch {ledger.epoch} of {ledger.epochs}, this run has {epochs}")
+        todo, done = list(ledger.todo), ledger.done
+        listed = [*todo, *done]
+        if len(set(todo)) != len(todo) or set(todo) & done:
+            raise ValueError("a shard is listed twice (to do and done)")
+        everything = set(range(len(ranges)))
+        if not set(listed) <= everything:
+            raise ValueError("a shard id outside the split")
+        if ledger.finished and listed:
+            raise ValueError("every epoch is done but shards are still listed")
+        if not ledger.finished and set(listed) != everything:
+            missing = len(everything - set(listed))
+            raise ValueError(f"{missing} shard(s) of epoch {ledger.epoch} neither to do nor done")
+        per_epoch = sum(end - start for _, start, end in ranges)
+        expected = ledger.epoch * per_epoch + sum(ranges[i][2] - ranges[i][1] for i in done)
+        if ledger.rows_done != expected:
+            raise ValueError(f"rows_done {ledger.rows_done}, its shards say {expected}")
+        return ledger
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ShardLedger:
         ledger = cls(
             ranges=tuple((int(a), int(b), int(c)) for a, b, c in data["ranges"]),

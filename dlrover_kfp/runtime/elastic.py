@@ -531,7 +531,8 @@ class ElasticPolicy:
         with state.lock:
             lost_at = min(state.lost_ps().values(), default=paused)
         self.run.coordinator.close()  # a checkpoint in flight fails with the dead PS: not committed
-        choice = ckpt.select_checkpoint(self.run.checkpoint_dir)  # committed ones only
+        # committed ones only, whose ledger is this run's split
+        choice = ckpt.select_checkpoint(self.run.checkpoint_dir, accept=self.run.check_committed)
         taken = self._roll_back(state, choice)
         ps = NodeGroup(count=self.run.ps.count, cpu=decision.cpu, memory_mb=decision.memory_mb)
         self._launch_all(state, ps, self.run.workers)

@@ -363,11 +363,9 @@ class JobRun(Generic[P]):
             run_id: str | None = str(previous["run_id"])
             self._earlier_s = max(0.0, self.started_wall - float(previous["started_wall"]))
             self.started_wall = float(previous["started_wall"])
-            choice = ckpt.select_checkpoint(output_dir / "checkpoints")
-            if choice is not None and choice.job_id == run_id:
-                self.resume_from = choice
+            resume_id = run_id
         else:
-            run_id = options.run_id
+            run_id = resume_id = options.run_id
         self.run_id = run_id or new_run_id(spec.name, self.started_wall)
         self.resumed = previous is not None
         self.progress = progress or (lambda line: log.info("%s", line))
@@ -405,6 +403,12 @@ class JobRun(Generic[P]):
         )
         self.secret = new_secret()
         self.checkpoint_dir = output_dir / "checkpoints"
+        if previous is not None:
+            # Chosen once the run's own split is known: a checkpoint whose ledger is not it
+            # is passed over for an older one (check_committed).
+            choice = ckpt.select_checkpoint(self.checkpoint_dir, accept=self.check_committed)
+            if choice is not None and choice.job_id == resume_id:
+                self.resume_from = choice
         #: the master's server while the run's pods live (:meth:`run` starts and closes it)
         self.server: Server | None = None
         self._coordinator: CheckpointCoordinator | None = None
@@ -833,6 +837,20 @@ class JobRun(Generic[P]):
             extra = state.committed()
         return {**extra, **self.policy.checkpoint_extra()}
 
+    def check_committed(self, choice: ckpt.CheckpointChoice) -> None:
+        """Raise :class:`~dlrover_kfp.training.checkpoint.CheckpointCorruptError` when the
+        master state a checkpoint carries is not this run's (its shard ledger against the
+        run's split: :meth:`ShardLedger.restored`); :func:`select_checkpoint` then takes an
+        older one. A checkpoint without master state (none was written with it) passes."""
+        if "shards" not in choice.extra:
+            return
+        try:
+            ShardLedger.restored(choice.extra["shards"], self.ledger.ranges, self.ledger.epochs)
+        except ValueError as exc:
+            raise ckpt.CheckpointCorruptError(
+                f"{choice.location}: the checkpoint's shard ledger is not this run's: {exc}"
+            ) from None
+
     def restore_master(self, state: MasterState, choice: ckpt.CheckpointChoice | None) -> None:
         """Go back to ``choice`` (None: the job's start): the master's ledger and counts from
         it, and the PS started next told to restore exactly it. Call with ``state.lock`` held."""
@@ -946,6 +964,15 @@ class JobRun(Generic[P]):
             running = [s_ for s_ in statuses if s_.role == "worker" and not s_.phase.terminal]
             with state.lock:
                 done = state.ledger.finished
+                stuck = not done and not state.ledger.todo and not state.ledger.doing
+            if stuck:
+                # Nothing to lease and nothing leased, yet the epoch is not done: no worker
+                # could ever finish it (a ledger no check caught). Fail, never wait forever.
+                raise JobFailedError(
+                    f"shard ledger: nothing left to train but epoch {state.ledger.epoch + 1} of "
+                    f"{state.ledger.epochs} is not done ({len(state.ledger.done)} of "
+                    f"{len(state.ledger.ranges)} shards); the run cannot finish"
+                )
             if done and running:
                 finished_at = t if finished_at is None else finished_at
                 if t - finished_at > s.finish_grace_s:

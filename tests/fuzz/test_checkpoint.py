@@ -33,7 +33,14 @@ from dlrover_kfp.training.checkpoint import (
     load_checkpoint,
     select_checkpoint,
 )
-from dlrover_kfp.training.checkpoint.format import HEADER_SIZE, MANIFEST, _Header, parse_manifest
+from dlrover_kfp.training.checkpoint.format import (
+    CHECKSUM_KEY,
+    HEADER_SIZE,
+    MANIFEST,
+    _Header,
+    manifest_checksum,
+    parse_manifest,
+)
 from dlrover_kfp.training.checkpoint.reader import read_snapshot
 from tests.fuzz._support import expect_clean, fuzz_settings, json_values, mutated, time_limit
 
@@ -137,7 +144,15 @@ def fix_manifest(files: dict[str, bytes]) -> None:
         if raw is not None and len(raw) >= HEADER_SIZE:
             entry["bytes"] = len(raw)
             entry["crc32"] = zlib.crc32(raw[HEADER_SIZE:])
-    files[MANIFEST] = json.dumps(manifest).encode()
+    files[MANIFEST] = json.dumps(sealed(manifest)).encode()
+
+
+def sealed(manifest: Any) -> Any:
+    """``manifest`` with its checksum recomputed (when it is an object): an edit that a hand or
+    a tool made consistently, which only the field checks can catch."""
+    if isinstance(manifest, dict):
+        manifest = {**manifest, CHECKSUM_KEY: manifest_checksum(manifest)}
+    return manifest
 
 
 Mutation = Callable[[dict[str, bytes]], None]
@@ -232,7 +247,10 @@ def mutations(draw: st.DrawFn, files: dict[str, bytes], *, manifest: bool = True
         except (KeyError, ValueError):
             current = json.loads(ORIGINAL_MANIFEST)
         new = draw(mutated(current))
-        return lambda f: f.__setitem__(MANIFEST, json.dumps(new).encode())
+        # Most edits keep the checksum right (to reach the field checks); some leave it stale.
+        seal = draw(st.sampled_from([True, True, True, False]))
+        text = json.dumps(sealed(new) if seal else new).encode()
+        return lambda f: f.__setitem__(MANIFEST, text)
     if kind == "manifest_any":
         text = draw(st.one_of(json_values.map(json.dumps), st.binary(max_size=64)))
         data = text.encode() if isinstance(text, str) else text

@@ -5,6 +5,8 @@ the master stopped (``SIGKILL``: dies on the spot; ``SIGTERM``: the run's own un
 it reaches ``POINT``:
 
 * ``checkpoint``: right after the last checkpoint is committed;
+* ``commit-2``: right after the second checkpoint of the run is committed (a periodic one: an
+  older checkpoint stays beside the newest);
 * ``evaluate``: as the held-out rows start to be scored;
 * ``export``: as the model starts to be written;
 * ``record``: as the profile starts to be written into the history.
@@ -24,6 +26,7 @@ from typing import Any
 from dlrover_kfp.cli.main import main
 from dlrover_kfp.history import pending
 from dlrover_kfp.runtime import export, job
+from dlrover_kfp.training import checkpoint as ckpt
 
 
 def _stopping(fn: Callable[..., Any], sig: signal.Signals, *, after: bool = False) -> Any:
@@ -42,6 +45,18 @@ def install(point: str, sig: signal.Signals) -> None:
         job.JobRun._final_checkpoint = _stopping(  # type: ignore[method-assign]
             job.JobRun._final_checkpoint, sig, after=True
         )
+    elif point == "commit-2":
+        original = ckpt.commit
+        calls = []
+
+        def commit(*args: Any, **kwargs: Any) -> Any:
+            path = original(*args, **kwargs)
+            calls.append(path)
+            if len(calls) == 2:
+                os.kill(os.getpid(), sig)
+            return path
+
+        ckpt.commit = commit  # type: ignore[assignment]
     elif point == "evaluate":
         export.evaluate = _stopping(export.evaluate, sig)  # type: ignore[assignment]
     elif point == "export":

@@ -38,6 +38,7 @@ from dlrover_kfp.training.checkpoint import (
 from dlrover_kfp.training.checkpoint import persist as ck_persist
 from dlrover_kfp.training.checkpoint import restore as ck_restore
 from dlrover_kfp.training.checkpoint import shm as ck_shm
+from dlrover_kfp.training.checkpoint.format import CheckpointCorruptError, parse_manifest
 from tests.chaos.harness import SmallDisk, mounted_small_disk
 
 F32 = npt.NDArray[np.float32]
@@ -315,6 +316,29 @@ def test_corrupt_checkpoint_falls_back_to_previous(
     bad_choice = ck_restore._disk_choice(root / "step-0000000020")
     with pytest.raises(CheckpointError, match="crc32"):
         load_checkpoint(root, num_ps=2, ps_index=1, choice=bad_choice)
+
+
+def test_every_single_bit_flip_of_a_manifest_is_refused_and_an_older_one_used(
+    cluster2: Cluster, root: Path
+) -> None:
+    """The manifest carries the sha256 of its content: each of its bits flipped in turn (the
+    ledger in ``extra``, the parts' sizes and crc32s, the geometry, the whitespace) is refused,
+    and the restore takes the older checkpoint. Exhaustive over every bit of the file."""
+    for step, done in ((10, [0]), (20, [0, 1])):
+        ledger = {"todo": [2], "done": done, "rows_done": 100 * len(done), "lease_s": 600.0}
+        newest = commit(root, step, cluster2.save(step, {"step": step}), {"shards": ledger})
+    path = newest / "manifest.json"
+    raw = path.read_bytes()
+    parse_manifest(raw, path)  # as written: accepted
+    for offset in range(len(raw)):
+        for bit in range(8):
+            flipped = bytearray(raw)
+            flipped[offset] ^= 1 << bit
+            with pytest.raises(CheckpointCorruptError):
+                parse_manifest(bytes(flipped), path)
+    path.write_bytes(raw[:100] + bytes([raw[100] ^ 1]) + raw[101:])
+    choice = select_checkpoint(root)
+    assert choice is not None and choice.step == 10
 
 
 def test_corrupt_header_and_truncation_are_detected(cluster2: Cluster, root: Path) -> None:

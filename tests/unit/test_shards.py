@@ -274,3 +274,86 @@ def test_round_trip_of_a_fresh_and_a_finished_ledger() -> None:
     assert again.finished
     assert again.lease("a", now=0.0) is None
     assert again.rows_done == again.total_rows
+
+
+# -- a checkpoint's ledger, cross-checked before it is trusted ---------------------------------
+
+
+def _progressed(epochs: int, steps: int, seed: int) -> ShardLedger:
+    """A ledger after ``steps`` random leases, completions and requeues (workers a, b)."""
+    rng = random.Random(seed)
+    ledger = make(epochs=epochs)
+    for _ in range(steps):
+        worker = rng.choice("ab")
+        action = rng.random()
+        if action < 0.5:
+            ledger.lease(worker, now=0.0)
+        elif action < 0.9:
+            held = [i for i, lease in ledger.doing.items() if lease.worker == worker]
+            if held:
+                ledger.complete(worker, rng.choice(held), ledger.epoch)
+        else:
+            ledger.requeue(worker)
+    return ledger
+
+
+def _ints(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The path of every integer in a JSON document."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [path]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _ints(v, (*path, k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _ints(v, (*path, i))]
+    return []
+
+
+def _set(document: Any, path: tuple[Any, ...], value: int) -> Any:
+    copy = json.loads(json.dumps(document))
+    target = copy
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return copy
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_checkpoints_ledger_is_restored_as_saved_and_any_flipped_bit_is_refused(
+    seed: int,
+) -> None:
+    """Every state a run reaches round-trips; then each integer of the saved ledger with one
+    of its low 8 bits flipped (the range bounds, the epoch, the shard ids, the rows done) is
+    refused: none restores a ledger that would train another row or another count."""
+    rng = random.Random(seed)
+    epochs = rng.choice([1, 2, 3])
+    ledger = _progressed(epochs, rng.randrange(0, 60), seed)
+    saved = json.loads(json.dumps(ledger.to_dict()))  # through JSON, as in a manifest
+    restored = ShardLedger.restored(saved, RANGES, epochs)
+    assert restored.to_dict() == ledger.to_dict()
+    for path in _ints(saved):
+        bit = rng.randrange(8)
+        flipped = _set(saved, path, saved_value(saved, path) ^ (1 << bit))
+        with pytest.raises(ValueError):
+            ShardLedger.restored(flipped, RANGES, epochs)
+
+
+def saved_value(document: Any, path: tuple[Any, ...]) -> int:
+    for key in path:
+        document = document[key]
+    return int(document)
+
+
+def test_a_ledger_of_another_split_or_with_nothing_to_lease_is_refused_naming_why() -> None:
+    ledger = make()
+    saved = ledger.to_dict()
+    with pytest.raises(ValueError, match="not this run's split"):
+        ShardLedger.restored(saved, (*RANGES[:-1], (1, 200, 202)), 1)
+    with pytest.raises(ValueError, match="epoch 0 of 1, this run has 2"):
+        ShardLedger.restored(saved, RANGES, 2)
+    # epoch 0 with shard 0 done and nothing to lease: the master would wait forever
+    stuck = {**saved, "todo": [], "done": [0], "rows_done": 100}
+    with pytest.raises(ValueError, match="5 shard\\(s\\) of epoch 0 neither to do nor done"):
+        ShardLedger.restored(stuck, RANGES, 1)
+    assert ShardLedger.restored(saved, RANGES, 1).to_dict() == saved

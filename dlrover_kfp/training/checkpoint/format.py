@@ -15,6 +15,7 @@ File format (the same bytes in shared memory and on disk)::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import mmap
@@ -336,6 +337,21 @@ _MANIFEST_INTS = ("version", "step", "num_ps", "total_rows", "dim")
 _PART_INTS = ("bytes", "crc32", "seq")
 
 
+#: The manifest's own key for the digest of the rest of it.
+CHECKSUM_KEY = "checksum"
+
+
+def manifest_checksum(manifest: Mapping[str, Any]) -> str:
+    """``sha256:<hex>`` of the manifest without its checksum, as canonical JSON (sorted keys,
+    no spaces): what :func:`parse_manifest` recomputes. The parts carry crc32s of their own
+    bytes, but the manifest is the shard ledger, the counts and the parts' sizes: a flipped
+    bit in it hung a run at 100% or trained a held-out row, and reported success."""
+    body = {k: v for k, v in manifest.items() if k != CHECKSUM_KEY}
+    # NaN stays NaN both ways (a diverged run's loss is kept): JSON's extension, as written
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
 def parse_manifest(raw: bytes, source: object) -> dict[str, Any]:
     """A committed checkpoint's ``manifest.json``, checked field by field.
 
@@ -356,6 +372,10 @@ def parse_manifest(raw: bytes, source: object) -> dict[str, Any]:
         raise bad(str(exc).split(";", 1)[0]) from None
     if not isinstance(data, dict):
         raise bad(f"expected an object, got {type(data).__name__}")
+    if CHECKSUM_KEY not in data:
+        raise bad(f"{CHECKSUM_KEY}: missing")
+    if data[CHECKSUM_KEY] != manifest_checksum(data):
+        raise bad(f"{CHECKSUM_KEY}: does not match its content (a changed byte)")
     if data.get("format") != MANIFEST_FORMAT:
         raise bad(f"format is not {MANIFEST_FORMAT!r}")
     for key in _MANIFEST_INTS:

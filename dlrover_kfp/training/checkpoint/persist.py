@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.training.checkpoint.format import (
+    CHECKSUM_KEY,
     CHUNK,
     FORMAT_VERSION,
     HEADER_SIZE,
@@ -48,6 +49,7 @@ from dlrover_kfp.training.checkpoint.format import (
     PathLike,
     StateSpec,
     _Header,
+    manifest_checksum,
 )
 from dlrover_kfp.training.checkpoint.shm import ShmSnapshot, SnapshotStats, _Current
 
@@ -418,6 +420,7 @@ def commit(
         "extra": dict(extra or {}),
     }
     try:
+        manifest[CHECKSUM_KEY] = manifest_checksum(manifest)
         text = json.dumps(manifest, indent=1).encode()
     except (TypeError, ValueError) as exc:
         raise UserInputError(f"checkpoint extra is not JSON: {exc}") from None

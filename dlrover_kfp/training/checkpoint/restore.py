@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -258,9 +258,16 @@ def _verify(choice: CheckpointChoice, skip: frozenset[int] = frozenset()) -> Non
 
 
 def select_checkpoint(
-    root: PathLike | None, *, job_id: str | None = None, shm_dir: PathLike | None = None
+    root: PathLike | None,
+    *,
+    job_id: str | None = None,
+    shm_dir: PathLike | None = None,
+    accept: Callable[[CheckpointChoice], None] | None = None,
 ) -> CheckpointChoice | None:
-    """The newest candidate whose every part verifies (shm preferred on a tie).
+    """The newest candidate whose every part verifies (shm preferred on a tie), and that
+    ``accept`` takes: it raises :class:`CheckpointCorruptError` for one whose ``extra`` its
+    caller cannot trust (a shard ledger that is not the run's split), which is then passed
+    over like one whose part does not verify.
 
     Run it once in the coordinator and pass the result to every PS's :func:`load_checkpoint`:
     then each PS reads only the parts it needs. None when there is no checkpoint at all (a
@@ -269,6 +276,8 @@ def select_checkpoint(
     choices, broken = _candidates(root, job_id, shm_dir)
     for choice in choices:
         try:
+            if accept is not None:
+                accept(choice)
             _verify(choice)
             return choice
         except CheckpointCorruptError as exc:
