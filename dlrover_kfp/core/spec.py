@@ -237,6 +237,27 @@ class JobSpec:
     elastic: ElasticSpec = ElasticSpec()
 
     @model_validator(mode="after")
+    def _room_for_pod_names(self) -> JobSpec:
+        """Pods are named ``NAME-worker-K`` and ``NAME-ps-K`` (``-gN`` for a moved PS, N up
+        to :data:`MAX_PS_GENERATION`), each a DNS-1123 label of at most 63 characters: a name
+        that leaves no room for them is refused here, not at the first pod's launch."""
+        res, elastic = self.resources, self.elastic
+        workers = max(elastic.max_workers, res.workers.count if res.workers else 1)
+        ps = max(elastic.max_ps, res.ps.count if res.ps else 1)
+        longest = max(
+            (f"{self.name}-worker-{workers - 1}", f"{self.name}-ps-{ps - 1}-g{MAX_PS_GENERATION}"),
+            key=len,
+        )
+        if len(longest) > 63:
+            room = 63 - (len(longest) - len(self.name))
+            raise ValueError(
+                f"name: {len(self.name)} characters leave no room for the pods' names "
+                f"({longest!r} is {len(longest)} characters, a pod name at most 63); at most "
+                f"{room} with these elastic bounds and resources"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _columns_fit_model(self) -> JobSpec:
         if not isinstance(self.data, TableData):
             return self
@@ -285,6 +306,9 @@ class JobSpec:
     def dataset_rows(self) -> int | None:
         return self.data.rows
 
+
+#: The most PS moves a run's pod names leave room for (``NAME-ps-K-gN``).
+MAX_PS_GENERATION = 99
 
 #: The smallest CPU a pod may be given (cores).
 MIN_NODE_CPU = 0.5

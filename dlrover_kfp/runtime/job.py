@@ -748,6 +748,13 @@ class JobRun(Generic[P]):
         except JobFailedError as exc:
             reason = str(exc)
             self.progress(f"{self.run_id}: FAILED: {reason}")
+        except UserInputError:
+            # Refused before anything was saved (a pod the backend will not create, say): there
+            # is nothing to resume, and the run file would refuse the corrected command as "an
+            # unfinished run of other inputs" until --fresh.
+            if not ckpt.list_checkpoints(self.checkpoint_dir):
+                (self.output_dir / RUN_FILE).unlink(missing_ok=True)
+            raise
         except KeyboardInterrupt:
             # A stop signal. A user's cancel ends the run here, with a profile that says so
             # (the run file is kept: running it again resumes); any other stop propagates and

@@ -11,17 +11,27 @@ The expected count comes from the data alone: 4,000 synthetic rows hold out the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from dlrover_kfp.backends import LocalBackend
+from dlrover_kfp.core.documents import load_text, parse
+from dlrover_kfp.core.spec import JobSpec
+from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.history import open_history
 from dlrover_kfp.history.pending import PENDING_ENV_VAR, pending_dir
+from dlrover_kfp.ports import PodSpec
+from dlrover_kfp.runtime.job import static_run
+from dlrover_kfp.runtime.options import RunOptions
+from dlrover_kfp.runtime.runfile import RUN_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 4_000
@@ -70,7 +80,7 @@ LONG_CASES = [
 ]
 
 
-def _params() -> list[object]:
+def _params() -> list[Any]:
     return [pytest.param(p, s, id=f"{p}-{s}") for p, s in CASES] + [
         pytest.param(p, s, id=f"{p}-{s}", marks=pytest.mark.long) for p, s in LONG_CASES
     ]
@@ -134,3 +144,26 @@ def test_six_runs_of_one_job_started_together_leave_six_records(tmp_path: Path) 
     with open_history(str(tmp_path / "history.db")) as store:
         assert sorted(r.run_id for r in store.list(limit=100)) == sorted(ids)
     assert len(set(ids)) == 6
+
+
+def test_a_run_refused_at_its_first_pod_leaves_nothing_to_resume(tmp_path: Path) -> None:
+    """A pod the backend refuses to create (a name it will not take, a quota the cluster
+    refuses) fails the run before anything is saved: the run file goes with it, so the
+    corrected command starts at once (it was refused as "an unfinished run of other inputs"
+    until --fresh)."""
+
+    class Refusing(LocalBackend):
+        def launch(self, pod: PodSpec) -> None:
+            raise UserInputError(f"pod {pod.name}: refused by the backend")
+
+    spec = parse(JobSpec, load_text(JOB, "job.yaml"), "job.yaml")
+    out = tmp_path / "out"
+    options = RunOptions(output_dir=out, base_dir=tmp_path, resume=True)
+    with Refusing(out / "logs") as refusing, pytest.raises(UserInputError, match="refused"):
+        static_run(spec, refusing, options, progress=lambda line: None).run()
+    assert not (out / RUN_FILE).exists()
+
+    renamed = dataclasses.replace(spec, name="ending-fixed")
+    with LocalBackend(out / "logs") as backend:
+        result = static_run(renamed, backend, options, progress=lambda line: None).run()
+    assert result.succeeded and result.profile.outcome.samples_processed == TRAINED

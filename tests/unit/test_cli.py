@@ -94,6 +94,12 @@ BAD_INPUTS = {
         GOOD.replace("memory: 16Gi", "memory: 8 gigs"),
         "resources.workers.memory: '8 gigs' is not a memory quantity",
     ),
+    # 53 characters is the most that leaves room for NAME-worker-31 (elastic.max_workers 32)
+    "longname.yaml": (
+        GOOD.replace("name: ctr-daily", "name: " + "n" * 54),
+        "name: 54 characters leave no room for the pods' names ('" + "n" * 54 + "-worker-31' is "
+        "64 characters, a pod name at most 63); at most 53",
+    ),
     "quota.yaml": (
         GOOD.replace("limits: {cpu: 128, memory: 512Gi}", "limits: {cpu: 0.5, memory: 256Gi}"),
         "resources.limits: quota (cpu 0.5, memory 262144Mi) is too small for one worker and one PS",
