@@ -72,13 +72,29 @@ def write_atomic(
         raise UserInputError(f"{target}: cannot write: {exc.strerror}") from None
 
 
+#: The mode of every file the package publishes (documents, models): readable by others,
+#: like any new file under the usual umask. ``mkstemp`` creates 0600, which a serving process
+#: under another uid cannot read.
+PUBLISHED_MODE = 0o644
+
+
+def readable_temp(directory: Path, name: str) -> Path:
+    """A new empty file in ``directory`` named after ``name`` (``.NAME.xxxx``), with the mode of
+    a published file: to write, then rename over ``name``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
+    try:
+        os.fchmod(fd, PUBLISHED_MODE)
+    finally:
+        os.close(fd)
+    return Path(tmp)
+
+
 def _write_once(target: Path, text: str) -> None:
     directory = target.parent if str(target.parent) else Path(".")
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
     try:
-        # mkstemp creates 0600; documents are meant to be read by others, like any new file.
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, PUBLISHED_MODE)  # mkstemp creates 0600
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

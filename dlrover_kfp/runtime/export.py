@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 from dlrover_kfp.core.documents import to_dict
 from dlrover_kfp.core.profile import Metrics
 from dlrover_kfp.core.spec import DataSpec, JobSpec, SyntheticData
-from dlrover_kfp.files import write_atomic
+from dlrover_kfp.files import readable_temp, write_atomic
 from dlrover_kfp.training import checkpoint as ckpt
 from dlrover_kfp.training.data import Dataset, RowRange
 from dlrover_kfp.training.datasets import data_fingerprint, open_dataset
@@ -157,13 +156,12 @@ def save_model(
     from dlrover_kfp.training import onnx_model  # noqa: PLC0415
 
     out.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".model.pt.", dir=out)
-    os.close(fd)
+    tmp = readable_temp(out, "model.pt")
     try:
         torch.save(model.state_dict(), tmp)
         os.replace(tmp, out / "model.pt")
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
     onnx_files = onnx_model.save_onnx(onnx_model.dlrm_weights(model), out)
     description = {
         "format": "dlrover-kfp-dlrm/1",

@@ -27,7 +27,6 @@ arrays (no copy in memory, no protobuf of them).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ import numpy.typing as npt
 
 from dlrover_kfp.core.partition import table_offsets
 from dlrover_kfp.core.spec import DataColumns, DataSpec, JobSpec, ModelSpec, TableData
+from dlrover_kfp.files import readable_temp
 
 if TYPE_CHECKING:
     import onnx
@@ -268,10 +268,9 @@ def save_onnx(
 
 
 def _temp(out: Path, name: str, temps: list[Path]) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-    os.close(fd)
-    temps.append(Path(tmp))
-    return Path(tmp)
+    tmp = readable_temp(out, name)  # 0644: a scorer under another uid reads it
+    temps.append(tmp)
+    return tmp
 
 
 # ------------------------------------------------------------------------------------------------

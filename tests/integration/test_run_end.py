@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -167,3 +168,8 @@ def test_a_run_refused_at_its_first_pod_leaves_nothing_to_resume(tmp_path: Path)
     with LocalBackend(out / "logs") as backend:
         result = static_run(renamed, backend, options, progress=lambda line: None).run()
     assert result.succeeded and result.profile.outcome.samples_processed == TRAINED
+    # The model is readable by a serving process under another uid (model.pt and model.onnx
+    # were 0600, from mkstemp, beside a 0644 model.json).
+    assert result.model_dir is not None
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in result.model_dir.iterdir()}
+    assert modes == dict.fromkeys(["model.json", "model.onnx", "model.pt"], 0o644), modes
