@@ -111,14 +111,17 @@ def check_plan(spec: JobSpec, workers: NodeGroup, ps: NodeGroup, *, source: str)
 
 @functools.cache
 def machine_capacity() -> DefaultQuota:
-    """This machine's cores (the ones this process may run on) and memory, the most a plan on
-    the local backend holds. Read once per process, and said once in the log."""
+    """This machine's cores (the ones this process may run on) and the memory available to new
+    processes now (``MemAvailable``: free plus what the kernel can reclaim), the most a plan on
+    the local backend holds. Not the total: pods planned against 24 GiB on a machine where
+    others hold 21 are killed by the kernel, not refused. Read once per process (when the run
+    plans its start), and said once in the log."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    memory_mb = psutil.virtual_memory().total // 2**20
+    memory_mb = psutil.virtual_memory().available // 2**20
     capacity = DefaultQuota(cpu=float(cores or 1), memory_mb=int(memory_mb))
     log.info(
-        "local backend: plans are capped at this machine's %g cores and %d MiB of memory "
-        "(the quota where it is larger)",
+        "local backend: plans are capped at this machine's %g cores and the %d MiB of memory "
+        "available now (the quota where it is larger)",
         capacity.cpu,
         capacity.memory_mb,
     )

@@ -61,6 +61,7 @@ are stable in practice, but numpy does not promise it across versions); see
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -89,6 +90,8 @@ _HEX_DIGITS = frozenset(b"0123456789abcdefABCDEF")
 _LABELS = {b"0": 0.0, b"1": 1.0}
 #: File name endings of Criteo logs, for a ``data.path`` that names a directory.
 CRITEO_SUFFIXES = (".csv", ".tsv", ".txt")
+
+log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -354,8 +357,10 @@ def build_index(
     stride: int,
     newline: bytes,
 ) -> LineIndex:
-    """The line index of a stored file (one pass over its bytes); a file without a data row is
-    a :class:`UserInputError` naming it."""
+    """The line index of a stored file (one pass over its bytes). A file without a data row (0
+    bytes, a header alone: a writer's empty part file) adds no rows, as a Parquet file of no
+    rows does, and is named in a warning; a dataset with no row at all is refused where its
+    rows are split (``data: no training rows``)."""
     path = storage.display(f.url)
     try:
         with storage.storage_errors(f.url), storage.open_file(f, counter) as fh:
@@ -363,7 +368,7 @@ def build_index(
     except OSError as exc:
         raise UserInputError(f"{path}: cannot read ({exc.strerror})") from exc
     if index.rows == 0:
-        raise UserInputError(f"{path}: no data rows")
+        log.warning("%s: no data rows; it adds none to the job", path)
     return index
 
 
@@ -527,22 +532,17 @@ class CriteoFiles:
 
     @staticmethod
     def _open(f: storage.StoredFile, counter: storage.ReadCounter) -> tuple[bytes, bool, bytes]:
-        """The file's layout; raises if it is missing, unreadable or holds no data row."""
+        """The file's layout from its first line; raises if it is missing or unreadable. A file
+        without a data row adds none (:func:`build_index` says so): its layout is moot."""
         path = storage.display(f.url)
         try:
             with storage.storage_errors(f.url), storage.open_file(f, counter) as fh:
                 newline = line_end(fh.read(LINE_END_PROBE))
                 fh.seek(0)
-                lines = _lines(fh, newline)
-                first = next(lines, b"")
+                first = next(_lines(fh, newline), b"")
                 sep, header = _detect_layout(first)
-                line = next(lines, None) if header else first
-                while line is not None and not line.strip(b"\r\n"):  # blank lines
-                    line = next(lines, None)
         except OSError as exc:
             raise UserInputError(f"{path}: cannot read Criteo file ({exc.strerror})") from exc
-        if not line:
-            raise UserInputError(f"{path}: Criteo file has no data rows")
         return sep, header, newline
 
     def line_index(self, source: int) -> LineIndex:

@@ -455,6 +455,10 @@ class TextTableFiles:
 
     def _layout(self, s: int) -> _TextLayout:
         layout = self._layouts[s]
+        if layout is None and self._files[s].size == 0:
+            # An empty file (a writer's empty part file) holds no rows and no header: no rows
+            # to read, as a Parquet file of no rows. Not a header missing its columns.
+            layout = self._layouts[s] = _TextLayout(tuple(_needed(self._data.columns)), b"\n")
         if layout is None:
             f = self._files[s]
             with storage.storage_errors(f.url), storage.open_file(f, self.counter) as fh:
@@ -554,6 +558,10 @@ class TextTableFiles:
             convert_options=pcsv.ConvertOptions(
                 include_columns=_needed(columns),
                 column_types=types,
+                # Only an empty cell is missing (0), as in Criteo files and a Parquet null:
+                # pyarrow's default also reads "nan", "NULL", "N/A" as null, which trained a
+                # CSV's "nan" as 0 where the same value in Parquet is a bad row.
+                null_values=[""],
                 strings_can_be_null=False,
                 quoted_strings_can_be_null=False,
             ),

@@ -251,15 +251,17 @@ def test_bad_rows_are_counted_and_skipped(tmp_path: Path) -> None:
     assert same(parts[1], Batch(batch.dense[2:3], batch.sparse[2:3], batch.labels[2:3]))
 
 
-def test_empty_header_only_and_missing_files_name_the_path(tmp_path: Path) -> None:
+def test_a_missing_file_is_named_and_empty_ones_add_no_rows(tmp_path: Path) -> None:
     empty = tmp_path / "empty.csv"
     empty.write_bytes(b"")
     header_only = tmp_path / "header.csv"
     header_only.write_text(SAMPLE.read_text().splitlines()[0] + "\n\n")
     missing = tmp_path / "missing.csv"
-    for path in (empty, header_only, missing):
-        with pytest.raises(UserInputError, match=str(path)):
-            CriteoFiles([path], TABLES)
+    with pytest.raises(UserInputError, match=str(missing)):
+        CriteoFiles([missing], TABLES)
+    # Files without a data row add none (a dataset of nothing but those is refused where its
+    # rows are split: "data: no training rows"), as a Parquet file of no rows does.
+    assert CriteoFiles([empty, header_only, SAMPLE], TABLES).source_rows[:2] == (0, 0)
 
 
 def test_criteo_shape_is_checked() -> None:

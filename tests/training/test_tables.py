@@ -270,3 +270,55 @@ def test_a_reader_keeps_the_footers_of_its_last_files_and_reads_others_again(
     group = pq.ParquetFile(tmp_path / "part-0.parquet").metadata.row_group(0)
     chunks = sum(group.column(c).total_compressed_size for c in range(group.num_columns))
     assert worker.counter.bytes - before >= chunks + footer
+
+
+def _one_dense_value(tmp_path: Path, csv_cell: str, parquet_value: float | None) -> tuple[int, int]:
+    """Bad rows of one row whose first dense value is ``csv_cell`` in a CSV file and
+    ``parquet_value`` in a Parquet file, every other value the same."""
+    table = criteo_table(1, SIZES, seed=2)
+    dense = pa.array([parquet_value], pa.float64())
+    pq.write_table(table.set_column(1, "I1", dense), tmp_path / "one.parquet")
+    lines = write_text(tmp_path / "one.csv", 1, SIZES, seed=2).read_text().splitlines()
+    cells = lines[1].split(",")
+    cells[1] = csv_cell
+    (tmp_path / "one.csv").write_text(f"{lines[0]}\n{','.join(cells)}\n")
+    bad = []
+    for fmt in ("csv", "parquet"):
+        data = open_dataset(TableData(format=fmt, path=str(tmp_path / f"one.{fmt}")), MODEL)
+        bad.append(data.read(RowRange(0, 0, 1)).bad_rows)
+    return bad[0], bad[1]
+
+
+@pytest.mark.parametrize(
+    ("csv_cell", "parquet_value", "bad"),
+    [("nan", float("nan"), 1), ("inf", float("inf"), 1), ("", None, 0), ("3", 3.0, 0)],
+)
+def test_a_dense_value_is_the_same_row_in_csv_and_parquet(
+    tmp_path: Path, csv_cell: str, parquet_value: float | None, bad: int
+) -> None:
+    """NaN is a bad row in both (a CSV's ``nan`` was read as null by pyarrow's default and
+    trained as 0, where Parquet's NaN was a bad row); only an empty cell or a null is missing."""
+    assert _one_dense_value(tmp_path, csv_cell, parquet_value) == (bad, bad)
+
+
+def test_an_empty_file_among_others_adds_no_rows_in_every_format(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer's empty part file: 0 bytes or a header alone (CSV), no rows (Parquet). Each
+    adds nothing, with a warning naming it (an empty CSV refused the job with the advice
+    "needs data.header: false", while an empty Parquet file was accepted)."""
+    for fmt in ("csv", "parquet"):
+        root = tmp_path / fmt
+        root.mkdir()
+        if fmt == "csv":
+            write_text(root / "a.csv", 300, SIZES, seed=1)
+            (root / "b.csv").write_text("")
+            header = (root / "a.csv").read_text().splitlines()[0]
+            (root / "c.csv").write_text(header + "\n")
+        else:
+            write_parquet(root / "a.parquet", 300, SIZES, seed=1)
+            pq.write_table(criteo_table(1, SIZES).slice(0, 0), root / "b.parquet")
+        data = open_dataset(TableData(format=fmt, path=str(root / f"*.{fmt}")), MODEL)
+        assert sum(data.source_rows) == 300, fmt
+    assert "b.csv: no data rows; it adds none" in caplog.text
+    assert "c.csv: no data rows; it adds none" in caplog.text

@@ -7,9 +7,11 @@ import logging
 import math
 import os
 import random
+import types
 
 import pytest
 
+from dlrover_kfp import planning
 from dlrover_kfp.core.footprint import RUNTIME_MB, min_ps_memory_mb, min_worker_memory_mb
 from dlrover_kfp.core.plan import NodeGroup
 from dlrover_kfp.core.planner import (
@@ -246,3 +248,19 @@ def test_the_local_backend_plans_within_this_machine_and_says_so_once(
         assert plan.workers.total_cpu + plan.ps.total_cpu <= cores
     said = [r.getMessage() for r in caplog.records if "capped at this machine" in r.getMessage()]
     assert len(said) == 1 and f"{cores:g} cores" in said[0]
+
+
+def test_the_local_backend_plans_within_the_memory_available_not_the_total(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """24 GiB in the machine, 3 GiB available (other processes hold the rest): plans are
+    capped at the 3 GiB (they were capped at the total, and the kernel killed the pods)."""
+    gib = 2**30
+    memory = types.SimpleNamespace(total=24 * gib, available=3 * gib)
+    monkeypatch.setattr(planning.psutil, "virtual_memory", lambda: memory)
+    machine_capacity.cache_clear()
+    try:
+        assert machine_capacity().memory_mb == 3072
+        assert local_planner_settings().capacity.memory_mb == 3072
+    finally:
+        machine_capacity.cache_clear()
