@@ -105,7 +105,8 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--run-id",
         metavar="ID",
-        help="the run's id in the history (default: NAME-TIME). An orchestrator gives every "
+        help="the run's id in the history (default: NAME-TIME-RANDOM, unique across hosts). An "
+        "orchestrator gives every "
         "attempt of one logical run the same id, so that a re-run replaces its earlier attempt "
         "in the history instead of adding a second run (a DNS label: a-z, 0-9, '-', <= 63)",
     )
