@@ -68,7 +68,7 @@ def _run(cwd: Path, *prefix: str) -> subprocess.CompletedProcess[str]:
 #: rest of the matrix, each point by each signal, runs with ``pytest -m long`` (each case ~8 s
 #: on two cores; all 8 were run for the change that made them pass). A resume from the final
 #: checkpoint with nothing left to train is in the default suite through
-#: ``test_manifest_flips.py``, which resumes from a checkpoint of a finished ledger.
+#: ``test_resume_trust.py``, whose runs are stopped right after their final checkpoint.
 CASES = [("record", "SIGKILL")]
 LONG_CASES = [
     ("checkpoint", "SIGKILL"),
