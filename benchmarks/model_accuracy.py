@@ -64,8 +64,9 @@ ADDITIVE = FitSettings(overlap=False)
 def contention_truth(config: Config, batch: int) -> float:
     """Samples/s of a PS job with contention and saturation effects outside the model's form.
 
-    Constants are in the range of DESIGN.md §7 (small DLRM: ~20 µs·core per sample on a worker,
-    a few µs per sample on a PS, ~0.2 ms round trips), not the model's prior values.
+    Constants are in the range of the prior's measurements (docs/model.md, "The prior"; small
+    DLRM: ~20 µs·core per sample on a worker, a few µs per sample on a PS, ~0.2 ms round
+    trips), not the model's prior values.
     """
     return _contention(config, batch, ps_exponent=1.25)
 

@@ -1,6 +1,6 @@
 """Resource curves: the real PS job measured over a grid of shapes, and the model fitted to it.
 
-The resource-performance model (dlrover_kfp/core/perf_model.py, DESIGN.md §4) predicts the
+The resource-performance model (dlrover_kfp/core/perf_model.py, docs/model.md) predicts the
 throughput of a job with ``w`` workers and ``p`` PS of ``λw`` and ``λp`` cores each. This
 benchmark checks it against the trainer itself, as the paper's figure 6 does:
 
@@ -35,8 +35,8 @@ benchmark checks it against the trainer itself, as the paper's figure 6 does:
    (``--split-seed``): each form of ``--forms`` is fitted on 60% and its MAPE reported on the
    other 40% and on the training part. ``v3`` is the library's fit as shipped
    (``perf_model.fit``: the additive or the overlap form, whichever fits better by its
-   margin), ``v2`` the additive form alone, ``v1`` the additive form with γ = 1 (DESIGN §4 as
-   written) and ``capped`` v3 on ``min(λ, cap)`` (``--caps``).
+   margin), ``v2`` the additive form alone, ``v1`` the additive form with γ = 1 (the starting
+   Optimus form, docs/model.md) and ``capped`` v3 on ``min(λ, cap)`` (``--caps``).
 5. **Plot** the fitted curves against the measured points, one PNG per form: throughput against
    w/p, against worker CPU and against PS CPU (each with the other variables held at the
    values that have the most measured points), and predicted against measured.
@@ -145,7 +145,8 @@ MEDIUM_POINTS = (
     Config(2, 1, 0.5, 0.75),
 )
 
-#: Rough speed of each model relative to the prior (which describes the small one, DESIGN §7):
+#: Rough speed of each model relative to the prior (which describes the small one: docs/model.md,
+#: "The prior"):
 #: only used to give every job about the same training time (``--target-s``).
 SPEED_FACTOR = {"small": 1.0, "medium": 0.6, "wide": 0.45, "xwide": 0.12}
 
@@ -582,7 +583,7 @@ def make_forms(names: Sequence[str], caps: tuple[float, float] | None) -> list[F
     known = {
         "v1": Form(
             "v1",
-            "DESIGN §4 as written: T = θ0 + θ1·B/λw + θ2·(w/p)·B/λp + θ3·(w/p) + θ4·p (γ = 1)",
+            "the starting Optimus form: T = θ0 + θ1·B/λw + θ2·(w/p)·B/λp + θ3·(w/p) + θ4·p (γ = 1)",
             settings=FitSettings(max_exponent=1.0, overlap=False),
         ),
         "v2": Form(

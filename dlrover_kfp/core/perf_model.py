@@ -2,7 +2,7 @@
 
 The planner needs to compare thousands of candidate shapes (workers ``w``, PS ``p``, cores per
 worker ``λw``, cores per PS ``λp``) without running them, from a handful of measured ones. It
-uses the Optimus asynchronous-PS speed model extended with per-node CPU (DESIGN.md §4) and a
+uses the Optimus asynchronous-PS speed model extended with per-node CPU (docs/model.md) and a
 PS contention exponent γ: one iteration of one worker costs
 
     T = θ0 + θ1·B/λw + θ2·(w/p)^γ·B/λp + θ3·(w/p) + θ4·p        [seconds]
@@ -333,10 +333,10 @@ class FitSettings:
         return grid
 
 
-# The prior: what a small DLRM (DESIGN.md §3 example: 26 tables × 100k rows × 16 dims) costs on
-# the machines measured in DESIGN.md §7. It is only used for coefficients the data cannot
-# identify and as the shape of the scale-only fit, so being right to within a factor of two is
-# enough.
+# The prior: what a small DLRM (26 tables × 100k rows × 16 dims) costs on the 2-vCPU machines
+# this project was first measured on (docs/model.md, "The prior"). It is only used for
+# coefficients the data cannot identify and as the shape of the scale-only fit, so being right
+# to within a factor of two is enough.
 #
 #   θ0 = 0.5 ms   fixed per-iteration cost on the worker, independent of batch and PS: the
 #                 framework's step overhead, handing the batch over from the reader, the dense

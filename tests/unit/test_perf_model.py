@@ -174,8 +174,9 @@ def test_model_rejects_impossible_exponents(gamma: Any) -> None:
 
 
 def test_prior_is_in_the_range_measured_for_a_small_dlrm() -> None:
-    # DESIGN.md §7: a one-core step of the small DLRM ran at ~49-61k samples/s in one process;
-    # split over one worker and one PS of one core each it must be slower, but not by 10x.
+    # docs/model.md, "The prior": a one-core step of the small DLRM ran at ~49-61k samples/s in
+    # one process; split over one worker and one PS of one core each it must be slower, but not
+    # by 10x.
     x = PRIOR.throughput(Config(1, 1, 1.0, 1.0), 512)
     assert 25_000 < x < 61_000
     # More workers on one PS: throughput grows, but less than linearly.

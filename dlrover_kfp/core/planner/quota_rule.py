@@ -11,7 +11,7 @@ A user's own resources still run as written on a static run (:func:`~dlrover_kfp
 quota.require_runnable` checks only ``limits``): the quota caps what a planner plans.
 
 The simulator's baselines (Optimus, open-source DLRover) once raised the default to the
-request; neither peer's paper defines a quota rule (shared/BASELINES.md: both only read
+request; neither peer's paper defines a quota rule (docs/baselines.md: both only read
 ``quota_cpu``), so every policy gets the planner's quota and a comparison between them is a
 comparison of their decisions, not of the room they were given. Pure: no I/O.
 

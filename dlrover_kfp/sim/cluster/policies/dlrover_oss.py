@@ -75,7 +75,7 @@ Everything is clamped to the job's quota: a rule that would exceed it is scaled 
 workers first, then fewer PS, then smaller pods; after an OOM, fewer workers, then a smaller
 growth). Failure reactions (:meth:`DlroverOssPolicy.after_failure`) are immediate: the timing
 rules gate only :meth:`DlroverOssPolicy.decide`, and an OOM plan does not restart their clocks.
-Hot-PS plans have stage ``post_scale`` (instability, DESIGN.md §5), scaling plans
+Hot-PS plans have stage ``post_scale`` (instability: docs/planner.md, Stage 3), scaling plans
 ``auto_scale``. The pending-pod rule (relaunch halved after 900 s) is not modelled: a
 :class:`~dlrover_kfp.sim.cluster.api.JobView` carries no pending state.
 """
