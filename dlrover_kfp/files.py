@@ -92,16 +92,15 @@ def readable_temp(directory: Path, name: str) -> Path:
 def _write_once(target: Path, text: str) -> None:
     directory = target.parent if str(target.parent) else Path(".")
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
+    tmp = readable_temp(directory, target.name)
     try:
-        os.fchmod(fd, PUBLISHED_MODE)  # mkstemp creates 0600
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        with tmp.open("w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -183,13 +183,13 @@ def run_quickstart(
         run_dir = output_dir / f"round-{r}"
         _clear_run_outputs(run_dir)
         # unique across quickstarts started together into one history (runtime/job.py)
-        stamp = new_run_id(spec.name, time.time())
+        base_id = new_run_id(spec.name, time.time())
         options = RunOptions(
             output_dir=run_dir,
             base_dir=output_dir,
             settings=settings,
             history_url=history_url,
-            run_id=f"{stamp}-r{r}",
+            run_id=f"{base_id}-r{r}",
         )
         result = run_local(spec, options, progress=_tagged(progress, f"[round {r}/{rounds}] "))
         done = RoundResult(round=r, run_dir=run_dir, result=result, expected_samples=expected)

@@ -242,8 +242,8 @@ def format_table(summaries: Sequence[JobSummary]) -> str:
             s.scenario or "-",
             s.status,
             f"{s.jct_seconds:.0f}",
-            _group_text(s.workers),
-            _group_text(s.ps),
+            s.workers.text(),
+            s.ps.text(),
             f"{s.peak_ps_cpu:g}",
         )
         for s in summaries
@@ -254,6 +254,3 @@ def format_table(summaries: Sequence[JobSummary]) -> str:
         for row in rows
     )
 
-
-def _group_text(group: NodeGroup) -> str:
-    return f"{group.count}x{group.cpu:g}cpu/{group.memory_mb}Mi"

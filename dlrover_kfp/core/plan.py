@@ -52,6 +52,10 @@ class NodeGroup:
     def total_memory_mb(self) -> int:
         return self.count * self.memory_mb
 
+    def text(self) -> str:
+        """``2x0.5cpu/1024Mi``: how a table or a message names the group."""
+        return f"{self.count}x{self.cpu:g}cpu/{self.memory_mb}Mi"
+
 
 ActionKind = Literal["migrate_ps", "relaunch", "replace_worker", "reassign_shards"]
 

@@ -171,10 +171,10 @@ class ShardLedger:
         if not isinstance(data, dict):
             raise ValueError("the shard ledger is not an object")
         try:
-            got = tuple((int(a), int(b), int(c)) for a, b, c in data["ranges"])
             ledger = cls.from_dict(data)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"the shard ledger is unreadable ({exc!r})") from None
+        got = ledger.ranges
         if got != ranges:
             pairs = enumerate(zip(got, ranges, strict=False))
             diff = next((i for i, (a, b) in pairs if a != b), min(len(got), len(ranges)))

@@ -166,10 +166,7 @@ def _resumed_shape(
 
 
 def _shape(workers: NodeGroup, ps: NodeGroup) -> str:
-    return (
-        f"{workers.count}w x {workers.cpu:g}cpu/{workers.memory_mb}Mi + "
-        f"{ps.count}ps x {ps.cpu:g}cpu/{ps.memory_mb}Mi"
-    )
+    return f"{workers.text()} workers + {ps.text()} PS"
 
 
 class ElasticPolicy:

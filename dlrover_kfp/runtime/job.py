@@ -271,11 +271,12 @@ class StaticPolicy:
 
 
 def new_run_id(name: str, started_wall: float) -> str:
-    """A run's default id: ``NAME-YYYYmmddTHHMMSS-XXXXXXXX``, its start (UTC, for people) and
-    32 random bits. The time alone has one-second resolution: runs of one job started together
-    (a backfill, a retried schedule) got one id, and the history, which keeps one profile per
-    id, kept one of them while each printed ``recorded``. The random part makes ids unique
-    across processes and hosts (a collision among 1,000 runs started in one second: < 1e-4)."""
+    """A run's default id: ``NAME-<UTC start, %Y%m%dT%H%M%S>-<8 hex digits>``, its start (for
+    people) and 32 random bits. The time alone has one-second resolution: runs of one job
+    started together (a backfill, a retried schedule) got one id, and the history, which keeps
+    one profile per id, kept one of them while each printed ``recorded``. The random part
+    makes ids unique across processes and hosts: a collision among n runs started in the same
+    second has probability n(n-1)/2 / 2^32 (1,000 runs: 1.2e-4)."""
     stamp = datetime.fromtimestamp(started_wall, UTC).strftime("%Y%m%dT%H%M%S")
     return f"{name}-{stamp}-{secrets.token_hex(4)}"
 

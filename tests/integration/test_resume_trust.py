@@ -121,7 +121,7 @@ def test_a_resume_under_a_lowered_quota_runs_within_it_or_is_refused(tmp_path: P
     assert profile["run_id"] == run_file["run_id"]
     assert profile["outcome"]["samples_processed"] == 6000 - 600
     scale = [e for e in profile["events"] if "resumed within the spec" in e["detail"]]
-    assert len(scale) == 1 and "2w x 0.5cpu/1024Mi" in scale[0]["detail"], profile["events"]
+    assert len(scale) == 1 and "2x0.5cpu/1024Mi workers" in scale[0]["detail"], profile["events"]
     resumed_plans = [p for p in profile["plans"] if p["time"] >= scale[0]["time"]]
     assert resumed_plans
     for plan in resumed_plans:

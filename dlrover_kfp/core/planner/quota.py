@@ -31,6 +31,7 @@ floors (:func:`at_least_minimum`). Pure: no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -216,13 +217,7 @@ def resume_within_quota(workers: NodeGroup, ps: NodeGroup, ctx: PlanningContext)
     count = min(max(workers.count, ctx.min_workers), ctx.max_workers)
     bounded = _with(workers, count=count)
     fitted = fit_to_quota(bounded, ps, ctx, drop_ps=False)
-    return QuotaFit(
-        workers=fitted.workers,
-        ps=fitted.ps,
-        fits=fitted.fits,
-        workers_given_up=workers.count - fitted.workers.count,
-        cpu_cut=fitted.cpu_cut,
-    )
+    return dataclasses.replace(fitted, workers_given_up=workers.count - fitted.workers.count)
 
 
 class BelowMinimumError(UserInputError):
