@@ -127,6 +127,9 @@ def record_pending(url: str, environ: Mapping[str, str] = os.environ) -> list[tu
         claimed = directory / f".{_original(path.name)}{_CLAIM}{secrets.token_hex(6)}"
         try:
             os.rename(path, claimed)
+            # A claim's age is its drain's: a stale claim taken over would otherwise still look
+            # stale (a rename keeps the file's mtime) and be taken again while recorded.
+            os.utime(claimed)
         except FileNotFoundError:
             continue  # another drain claimed it first
         try:

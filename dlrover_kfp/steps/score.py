@@ -40,6 +40,7 @@ import numpy.typing as npt
 from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.spec import CriteoData, DataColumns, ModelSpec, SyntheticData, TableData
 from dlrover_kfp.errors import SpecError, UserInputError
+from dlrover_kfp.files import readable_temp
 from dlrover_kfp.training import storage
 from dlrover_kfp.training.data import Batch, Dataset, RowRange, split_ranges
 from dlrover_kfp.training.datasets import data_fingerprint, open_dataset
@@ -312,12 +313,11 @@ class ParquetOutput:
         try:
             where = Path(tempfile.gettempdir()) if self.url else self.target.parent
             where.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.target.name}.", dir=where)
+            # 0644 like every published file: the scores are read by other processes
+            self._tmp = readable_temp(where, self.target.name)
         except OSError as exc:
             raise UserInputError(f"--output: cannot write {self.target}: {exc.strerror}") from None
-        os.close(fd)
-        self._tmp = Path(tmp)
-        self._writer = pq.ParquetWriter(tmp, self._schema)
+        self._writer = pq.ParquetWriter(str(self._tmp), self._schema)
 
     def write(self, source: int, first: int, labels: FloatArray, probs: FloatArray) -> None:
         import pyarrow as pa  # noqa: PLC0415

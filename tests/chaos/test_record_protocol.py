@@ -227,3 +227,34 @@ def test_a_relative_sqlite_url_keeps_its_pending_profiles_with_its_file(
     monkeypatch.chdir(tmp_path / "b")
     assert pending_dir(relative) != here  # another directory: another file, another store
     assert pending_dir(f"sqlite:///{tmp_path / 'a' / 'history.db'}") == here
+
+
+def test_a_claim_left_by_a_dead_drain_is_taken_over_once_stale(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drain killed between its claim and its record leaves ``.NAME.json.claim-*``: a fresh
+    one belongs to a drain still at work and is left alone; one older than STALE_CLAIM_S is
+    taken over, its age renewed while it is recorded (a rename keeps the mtime, so a third
+    drain would have taken it again)."""
+    url = f"sqlite:///{tmp_path / 'history.db'}"
+    _stored(url)
+    [run_id] = _keep(url, 1)
+    directory = pending_dir(url)
+    claim = directory / f".{run_id}.json.claim-deadbeef0000"
+    (directory / f"{run_id}.json").rename(claim)
+    assert pending.record_pending(url) == []  # a live drain's claim: not taken
+    old = time.time() - pending.STALE_CLAIM_S - 60
+    os.utime(claim, (old, old))
+    ages = []
+    recording = pending.record_profile
+
+    def record(url: str, profile: object) -> bool:
+        [held] = [p for p in directory.iterdir() if ".claim-" in p.name]
+        ages.append(time.time() - held.stat().st_mtime)
+        return recording(url, profile)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pending, "record_profile", record)
+    assert pending.record_pending(url) == [(run_id, True)]
+    assert ages and ages[0] < 60, ages  # renewed, not left looking stale
+    assert _stored(url) == [run_id]
+    assert not [p for p in directory.iterdir() if p.is_file()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +152,7 @@ def test_score_writes_every_good_row_with_its_index_and_the_held_out_auc_of_the_
     assert "rows read" in err  # progress on stderr
     scored = pq.read_table(out)
     assert scored.column_names == ["source", "row", "label", "probability"]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # readable by a consumer (was 0600)
     kept = [i for i in range(202) if i not in (5, 9)]
     assert scored.column("row").to_pylist() == kept
 
