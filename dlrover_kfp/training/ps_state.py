@@ -7,11 +7,29 @@ and, on PS 0 only, the dense MLP parameters as one flat vector. Both are trained
     a <- a + g²
     w <- w - lr · g / (sqrt(a) + eps)
 
-which is exactly what ``torch.optim.Adagrad`` does (lr_decay 0, weight decay 0, initial
-accumulator 0, eps 1e-10), so that an in-process reference trains to the same values. Adagrad
+which is exactly what ``torch.optim.Adagrad`` does (lr_decay 0, weight decay 0, eps 1e-10; the
+initial accumulator is 0 for the embeddings and :data:`DENSE_INITIAL_ACCUMULATOR` for the dense
+parameters, as the reference's two parameter groups set it), so that an in-process reference
+trains to the same values. Adagrad
 rather than SGD: its per-row step size suits the very uneven frequencies of categorical ids (a
 head id is updated every step, a tail id rarely), and its accumulator is the optimiser state that
 a checkpoint must carry. It costs one extra array of the size of the embeddings.
+
+Why the dense parameters start at a non-zero accumulator: from ``a = 0`` Adagrad's first step
+moves every weight by ``lr · g/|g| = lr`` whatever the gradient's size, and asynchronous workers
+each take such a step computed on the same stale values, so the steps of the first updates add
+up. At lr 0.05 that pushes the pre-activations of whole ReLU units below zero for every input:
+with 2 workers 9 of 40 runs of the ctr-local model ended "stalled" (AUC 0.61-0.73 against
+0.814 for one worker), 10 of 20 with 4 and 10 of 10 with 7, with 10 to 16 of the 16 units at
+the bottom MLP's output dead (benchmarks/async_quality.py; docs/training.md has the figures).
+Starting at ``a_0 = 0.01`` bounds the first step by ``lr · |g|/sqrt(0.01 + g²)``, about
+``10 · lr · |g|`` for the small gradients of the first updates, and leaves later steps, once
+``sum(g²)`` dominates, as they were. Measured the same way: 0 of 40 two-worker runs stalled
+(median 0.812 against 0.8135 for one worker, which lost 0.001); 6 of 20 four-worker and 10 of
+10 seven-worker runs still end short (docs/training.md, "Known problems"). The embeddings keep
+``a_0 = 0``: a tail id is updated a few times in a run and must move on its first update
+(0.01 everywhere, or 0.1 as TensorFlow's default, trained them so little that two-worker runs
+ended at AUC 0.70-0.71).
 
 Updates arrive with unique slots (workers aggregate duplicate ids before pushing), so the
 accumulator rows can be read, updated and written back with ``index_select``/``index_copy_``.
@@ -38,6 +56,9 @@ from dlrover_kfp.training.cpu_limit import env_cpu
 from dlrover_kfp.training.model import DenseDLRM, FlatParameters, init_embedding_slots
 
 ADAGRAD_EPS = 1e-10
+#: Adagrad's initial accumulator for the dense parameters (the embeddings start at 0); see the
+#: module docstring for why and what it was measured against.
+DENSE_INITIAL_ACCUMULATOR = 0.01
 #: Most threads a PS uses to build its state, whatever CPU its pod has.
 MAX_STARTUP_THREADS = 4
 #: Serialises PsState.track (rare: once per old PS per new PS of a change); module-wide, so
@@ -134,7 +155,11 @@ class PsState:
             if dense is None:
                 dense = FlatParameters(DenseDLRM(config.model, seed=config.seed)).values
             self.dense = dense
-            self.dense_accum = dense_accum if dense_accum is not None else torch.zeros_like(dense)
+            self.dense_accum = (
+                dense_accum
+                if dense_accum is not None
+                else torch.full_like(dense, DENSE_INITIAL_ACCUMULATOR)
+            )
         self.updates = 0
         self._tracking: _Tracking | None = None
 

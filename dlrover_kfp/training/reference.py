@@ -14,7 +14,7 @@ from torch.nn import functional as F  # noqa: N812 (the usual alias)
 from dlrover_kfp.core.spec import ModelSpec
 from dlrover_kfp.training.data import Batch
 from dlrover_kfp.training.model import FullDLRM
-from dlrover_kfp.training.ps_state import ADAGRAD_EPS
+from dlrover_kfp.training.ps_state import ADAGRAD_EPS, DENSE_INITIAL_ACCUMULATOR
 
 
 class ReferenceTrainer:
@@ -23,6 +23,11 @@ class ReferenceTrainer:
         self.optimizer = torch.optim.Adagrad(
             self.model.parameters(), lr=learning_rate, eps=ADAGRAD_EPS
         )
+        # The dense MLPs start from a non-zero accumulator, the tables from zero, as on the PS
+        # (see ps_state's docstring). Set on the state: torch's Adagrad initialises every
+        # group's accumulator from the constructor's value, not from a group's own.
+        for p in self.model.dense.parameters():
+            self.optimizer.state[p]["sum"].fill_(DENSE_INITIAL_ACCUMULATOR)
 
     def train_step(self, batch: Batch) -> float:
         self.optimizer.zero_grad(set_to_none=True)

@@ -16,7 +16,12 @@ from dlrover_kfp.core.partition import Partition
 from dlrover_kfp.core.spec import ModelSpec
 from dlrover_kfp.training.data import RowRange, SyntheticCriteo
 from dlrover_kfp.training.model import FlatParameters
-from dlrover_kfp.training.ps_state import ADAGRAD_EPS, PsConfig, PsState
+from dlrover_kfp.training.ps_state import (
+    ADAGRAD_EPS,
+    DENSE_INITIAL_ACCUMULATOR,
+    PsConfig,
+    PsState,
+)
 from dlrover_kfp.training.reference import ReferenceTrainer
 from dlrover_kfp.training.step import InProcessPs, WorkerModel
 
@@ -170,7 +175,9 @@ def test_apply_dense_equals_torch_adagrad() -> None:
     state = make_states(2, lr=0.1)[0]
     assert state.dense is not None
     param = torch.nn.Parameter(state.dense.clone())
-    optimizer = torch.optim.Adagrad([param], lr=0.1, eps=ADAGRAD_EPS)
+    optimizer = torch.optim.Adagrad(
+        [param], lr=0.1, eps=ADAGRAD_EPS, initial_accumulator_value=DENSE_INITIAL_ACCUMULATOR
+    )
     gen = torch.Generator().manual_seed(1)
     for _ in range(3):
         grad = torch.randn(param.numel(), generator=gen)
@@ -180,6 +187,21 @@ def test_apply_dense_equals_torch_adagrad() -> None:
         optimizer.step()
     torch.testing.assert_close(state.dense, param.detach(), rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(state.dense_accum, optimizer.state[param]["sum"])
+
+
+def test_the_first_dense_step_is_not_the_full_learning_rate() -> None:
+    """From a zero accumulator every dense weight's first step would be ±lr whatever its
+    gradient; asynchronous workers each took one on the same stale values and killed units
+    (ps_state's docstring). From a_0 the step is lr·g/sqrt(a_0 + g²): small for small g."""
+    state = make_states(1, lr=0.05)[0]
+    assert state.dense is not None
+    before = state.dense.clone()
+    grad = torch.zeros_like(before)
+    grad[:3] = torch.tensor([0.001, -0.01, 1.0])
+    state.apply_dense(grad)
+    expected = -0.05 * grad[:3] / torch.sqrt(DENSE_INITIAL_ACCUMULATOR + grad[:3] ** 2)
+    torch.testing.assert_close(state.dense[:3] - before[:3], expected)
+    assert float((state.dense[:2] - before[:2]).abs().max()) < 0.1 * 0.05
 
 
 def test_only_ps_zero_holds_and_trains_the_dense_parameters() -> None:
