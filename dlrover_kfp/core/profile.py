@@ -144,6 +144,15 @@ class Metrics:
     train_loss: float | None = Field(default=None, description="mean loss of the last shards")
     eval_rows: NonNegInt | None = None
     bad_rows: NonNegInt | None = Field(default=None, description="input rows skipped as malformed")
+    applied_twice: dict[Str, NonNegInt] | None = Field(
+        default=None,
+        description=(
+            "samples whose gradients the PS applied more than once (a shard trained again after"
+            " a worker stopped part-way through it), by why the shard was given back: the event"
+            " kind the worker was stopped for, relaunch (it ended on its own), rollback or"
+            " resume (in flight at the checkpoint gone back to); {} when none"
+        ),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, config=CONTRACT_CONFIG)

@@ -68,6 +68,8 @@ class CheckpointCoordinator:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.committed: list[tuple[int, Path]] = []
+        #: the extra (shard ledger, counts, PS 0's applied tally) of the last committed checkpoint
+        self.committed_extra: dict[str, Any] | None = None
         self.blocked_s: list[float] = []
         self.error: BaseException | None = None
 
@@ -130,15 +132,19 @@ class CheckpointCoordinator:
     def _run(self, step: int, extra: dict[str, Any], snapped: threading.Event) -> None:
         try:
             with self._lock:
-                blocked = [
-                    float(conn.request("checkpoint", {"step": step}).meta["blocked_s"])
-                    for conn in self.connections
-                ]
+                replies = [conn.request("checkpoint", {"step": step}) for conn in self.connections]
+                blocked = [float(reply.meta["blocked_s"]) for reply in replies]
                 snapped.set()
+                # PS 0's rows applied per shard, taken with its snapshot (core/applied.py):
+                # restored with the state, so a rollback forgets what the state forgets.
+                applied = replies[0].meta.get("applied") if replies else None
+                if applied is not None:
+                    extra = {**extra, "applied": applied}
                 self.blocked_s.append(max(blocked))
                 parts = [self._wait_persisted(conn, step) for conn in self.connections]
                 path = ckpt.commit(self.root, step, parts, extra, keep=self.keep)
                 self.committed.append((step, path))
+                self.committed_extra = extra
                 log.info(
                     "checkpoint of step %d committed at %s (training paused %.3fs)",
                     step,

@@ -446,7 +446,7 @@ class ElasticPolicy:
             state.ps_addresses.pop(index, None)
         workers = [self.run.worker_name(k) for k in range(self.run.workers.count)]
         for name in workers:
-            self.run.stop(name)
+            self.run.stop(name, "rollback")
         self._join_retiring()
         self.run.wait_for_terminal(workers)  # no push may land after a PS rolled back
         every = set(range(self.run.ps.count))
@@ -515,7 +515,7 @@ class ElasticPolicy:
         state = self.run.state
         paused = self.run.clock.monotonic()
         for k in range(self.run.workers.count):
-            self.run.stop(self.run.worker_name(k))
+            self.run.stop(self.run.worker_name(k), "rollback")
         self._join_retiring()
         for pod in self._ps_pod_names():
             self.run.stop(pod)
@@ -874,7 +874,7 @@ class ElasticPolicy:
                     cpu=action.cpu or self.run.workers.cpu,
                     memory_mb=action.memory_mb or self.run.workers.memory_mb,
                 )
-                self.run.stop(action.node)
+                self.run.stop(action.node, "relaunch" if action.kind == "relaunch" else "straggler")
                 self._launch_worker(index, group)
                 kind = "relaunch" if action.kind == "relaunch" else "straggler"
             else:
@@ -952,7 +952,7 @@ class ElasticPolicy:
         for change in changes:
             name = self.run.worker_name(change.index)
             if change.kind is ChangeKind.REMOVE_WORKER:
-                self.run.stop(name)
+                self.run.stop(name, "scale-in")
             elif change.kind is ChangeKind.REPARTITION_PS:
                 self._switch_ps(target.ps, None, live=change.live)
             elif change.kind is ChangeKind.MIGRATE_PS:
@@ -986,7 +986,7 @@ class ElasticPolicy:
             detail = f"{name} resized in place to {group.cpu:g} cpu in {outcome.seconds:.2f}s"
         else:
             self.resize_in_place = False
-            self.run.stop(name)
+            self.run.stop(name, "scale")
             self._launch_worker(index, group)
             detail = f"{name}: in-place resize refused ({outcome.reason}): replaced"
         self.run.events.append(
@@ -998,7 +998,7 @@ class ElasticPolicy:
         """A PS change, stop-and-restart (see the module docstring)."""
         paused = self.run.clock.monotonic()
         for k in range(self.run.workers.count):
-            self.run.stop(self.run.worker_name(k))
+            self.run.stop(self.run.worker_name(k), "migration")
         step = self.run.next_checkpoint_step(state)
         self.run.coordinator.checkpoint(step, extra=self.run.checkpoint_extra(state))
         self.run.coordinator.shutdown_ps()

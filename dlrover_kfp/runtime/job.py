@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
+from dlrover_kfp.core.applied import AppliedTally, by_cause
 from dlrover_kfp.core.documents import parse, to_dict, to_json
 from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.plan import NodeGroup, Stage
@@ -489,9 +490,14 @@ class JobRun(Generic[P]):
         self.launched_at[pod.name] = self.clock.monotonic()
         self.backend.launch(pod)
 
-    def stop(self, name: str) -> None:
-        """Stop a pod on purpose: its end is no failure."""
+    def stop(self, name: str, cause: str = "stopped") -> None:
+        """Stop a pod on purpose: its end is no failure. ``cause`` (the event kind it is
+        stopped for) is what a worker's part-trained shard is put down to (core/applied.py)."""
         self.stopping.add(name)
+        key = name.removeprefix(f"{self.spec.name}-")
+        if key.startswith("worker-"):
+            with self.state.lock:
+                self.state.stop_causes[key] = cause
         self.backend.delete(name)
 
     def _self_reported(self, state: MasterState, measured: set[str]) -> dict[str, PodUsage]:
@@ -666,7 +672,7 @@ class JobRun(Generic[P]):
         if self.resume_from is not None:
             choice = self.resume_from
             with state.lock:
-                self.restore_master(state, choice)
+                self.restore_master(state, choice, cause="resume")
                 done = sum(w.samples for w in state.workers.values())
             self.restored_at(state, choice.step)
             self.events.append(
@@ -744,6 +750,7 @@ class JobRun(Generic[P]):
                 eval_rows=metrics.eval_rows,
                 train_loss=round(loss_sum / samples, 6) if samples else None,
                 bad_rows=bad,
+                applied_twice=self._applied_twice(state),
             )
             status = "succeeded"
         except JobFailedError as exc:
@@ -859,10 +866,16 @@ class JobRun(Generic[P]):
                 f"{choice.location}: the checkpoint's shard ledger is not this run's: {exc}"
             ) from None
 
-    def restore_master(self, state: MasterState, choice: ckpt.CheckpointChoice | None) -> None:
+    def restore_master(
+        self,
+        state: MasterState,
+        choice: ckpt.CheckpointChoice | None,
+        cause: str = "rollback",
+    ) -> None:
         """Go back to ``choice`` (None: the job's start): the master's ledger and counts from
-        it, and the PS started next told to restore exactly it. Call with ``state.lock`` held."""
-        state.restore_committed(None if choice is None else choice.extra, self.ledger)
+        it, and the PS started next told to restore exactly it; the shards PS 0 had part-applied
+        then are put down to ``cause`` (core/applied.py). Call with ``state.lock`` held."""
+        state.restore_committed(None if choice is None else choice.extra, self.ledger, cause)
         state.job_config["restore"] = choice is not None
         state.job_config["restore_choice"] = None if choice is None else choice.to_dict()
 
@@ -1052,6 +1065,17 @@ class JobRun(Generic[P]):
                 JobEvent(time=round(t, 3), kind="straggler", node=pod.name, detail=detail)
             )
             self.progress(f"{self.run_id}: {pod.name}: {detail}")
+
+    def _applied_twice(self, state: MasterState) -> dict[str, int] | None:
+        """Samples whose gradients PS 0 applied more than once, by why their shard was trained
+        again (core/applied.py), from the tally committed with the final checkpoint; None when
+        that checkpoint carries none (no PS 0 counted)."""
+        extra = self.coordinator.committed_extra
+        if extra is None or "applied" not in extra:
+            return None
+        twice = AppliedTally.from_dict(extra["applied"]).applied_twice(finished=True)
+        with state.lock:
+            return by_cause(twice, state.requeued)
 
     def _final_checkpoint(self, state: MasterState, step: int) -> None:
         """The checkpoint the model is exported from. A write error (a full disk) is retried

@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from dlrover_kfp.core.applied import AppliedTally
 from dlrover_kfp.core.node_id import NodeId, holder_name
 from dlrover_kfp.core.shards import ShardLedger
 from dlrover_kfp.training.data import RowRange
@@ -199,6 +200,13 @@ class MasterState:
     restart_released: bool = False
     #: per PS that registered after a restart, where it restored from (memory, volume, start)
     restored_from: dict[int, str] = field(default_factory=dict)
+    #: per (epoch, shard) given back before it was done, why: what PS 0 applied of it twice is
+    #: put down to that (core/applied.py). The cause a worker was stopped for, ``relaunch``
+    #: for one that ended on its own, ``rollback``/``resume`` for a shard in flight at the
+    #: checkpoint a run went back to
+    requeued: dict[tuple[int, int], str] = field(default_factory=dict)
+    #: per worker name, why the run stopped it (set just before the stop)
+    stop_causes: dict[str, str] = field(default_factory=dict)
     #: where a shard's rows lie in its file (``Dataset.locate``): sent with the lease, so that
     #: a worker reads its shards' bytes without indexing the file itself
     locate: Callable[[RowRange], Sequence[int] | None] | None = None
@@ -237,17 +245,35 @@ class MasterState:
                 name: [s.samples, s.steps, s.loss_sum, s.bad_rows]
                 for name, s in self.workers.items()
             },
+            "requeued": [[e, s, cause] for (e, s), cause in sorted(self.requeued.items())],
         }
 
-    def restore_committed(self, extra: dict[str, Any] | None, initial: ShardLedger) -> None:
+    def requeue(self, worker: str, holder: str) -> None:
+        """Give back the leases of ``holder`` (a process of ``worker`` whose connection
+        dropped), noting why. Call with :attr:`lock` held."""
+        epoch = self.ledger.epoch
+        cause = self.stop_causes.pop(worker, "relaunch")
+        for shard in self.ledger.requeue(holder):
+            self.requeued[(epoch, shard)] = cause
+
+    def restore_committed(
+        self, extra: dict[str, Any] | None, initial: ShardLedger, cause: str = "rollback"
+    ) -> None:
         """Put back what :meth:`committed` wrote, or, without it, the job's start: ``initial``'s
-        shards all to do and nothing counted. Call with :attr:`lock` held."""
+        shards all to do and nothing counted. The shards PS 0 had part-applied at that
+        checkpoint are trained again from their start: their part is put down to ``cause``.
+        Call with :attr:`lock` held."""
+        self.requeued = {}
         if extra is None or "shards" not in extra:
             self.ledger = ShardLedger(
                 initial.ranges, epochs=initial.epochs, lease_s=initial.lease_s
             )
             self.workers = {}
             return
+        for e, s, why in extra.get("requeued", []):
+            self.requeued[(int(e), int(s))] = str(why)
+        for key in AppliedTally.from_dict(extra.get("applied")).partial:
+            self.requeued[key] = cause
         self.ledger = ShardLedger.from_dict(extra["shards"])
         self.workers = {
             str(name): WorkerStats(
@@ -295,10 +321,10 @@ class MasterService:
         return handler(self, peer, msg.meta)
 
     def on_disconnect(self, peer: PeerInfo) -> None:
-        worker = peer.state.get("leases_for")
-        if worker is not None:
+        holder = peer.state.get("leases_for")
+        if holder is not None:
             with self.state.lock:
-                self.state.ledger.requeue(worker)
+                self.state.requeue(str(peer.state.get("worker", "")), holder)
         registered = peer.state.get("ps")
         if registered is not None:
             index, address = registered
@@ -431,6 +457,7 @@ class MasterService:
         worker = _name(meta, "worker", GET_SHARD)
         holder = lease_holder(meta)
         peer.state["leases_for"] = holder
+        peer.state["worker"] = worker
         with self.state.lock:
             self.state.workers.setdefault(worker, WorkerStats())
             pausing = self._pausing()

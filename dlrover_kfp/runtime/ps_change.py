@@ -254,7 +254,7 @@ class PsChange:
             self.switch.pausing = True
         self._stopped_workers = self.await_pause()
         for name, silent_s in self._stopped_workers.items():
-            self.run.stop(name)
+            self.run.stop(name, "straggler")
             self._record(
                 "straggler",
                 "did not pause for the PS switch"

@@ -218,11 +218,20 @@ def _log_bytes_read(name: str, dataset: object, rows: int) -> None:
         )
 
 
-def _route_shard(model: WorkerModel, batch: Batch, batch_size: int) -> list[Routed]:
-    return [
-        model.route(batch.slice(start, min(start + batch_size, len(batch))))
-        for start in range(0, len(batch), batch_size)
-    ]
+def _route_shard(
+    model: WorkerModel, batch: Batch, batch_size: int, shard: dict[str, Any]
+) -> list[Routed]:
+    """The shard's mini-batches, each tagged with the shard (PS 0 counts what it applied)."""
+    from dlrover_kfp.training.step import PushTag  # noqa: PLC0415 (torch: lazily)
+
+    steps = []
+    for start in range(0, len(batch), batch_size):
+        end = min(start + batch_size, len(batch))
+        tag = PushTag(
+            int(shard["epoch"]), int(shard["id"]), end - start, len(batch), end == len(batch)
+        )
+        steps.append(model.route(batch.slice(start, end), tag))
+    return steps
 
 
 _Item = _Work | _Switch | BaseException | None
@@ -264,7 +273,7 @@ def _prefetch(
             batch = dataset.read(rows, span=shard.get("span"))
             rows_read += rows.rows
             num_ps = model.servers.num_ps
-            out.put(_Work(shard, batch, _route_shard(model, batch, batch_size), num_ps))
+            out.put(_Work(shard, batch, _route_shard(model, batch, batch_size, shard), num_ps))
     except BaseException as exc:  # handed to the training thread, which exits non-zero
         out.put(exc)
 
@@ -414,7 +423,7 @@ def run_worker(
     def reroute(item: _Work) -> _Work:
         if item.num_ps == servers.num_ps:
             return item
-        steps = _route_shard(model, item.batch, spec.training.batch_size)
+        steps = _route_shard(model, item.batch, spec.training.batch_size, item.shard)
         return _Work(item.shard, item.batch, steps, servers.num_ps)
 
     batches = _batches(work, report_all, notice, switch, reroute, generation)

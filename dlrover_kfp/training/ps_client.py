@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from dlrover_kfp.training.step import PendingRows, Rows
+from dlrover_kfp.training.step import PendingRows, PushTag, Rows
 from dlrover_kfp.training.wire import Connection, Message, RemoteError
 
 LOOKUP = "lookup"
@@ -105,12 +105,17 @@ class RemotePs:
         slots: Sequence[torch.Tensor],
         grads: Sequence[torch.Tensor],
         dense_grad: torch.Tensor | None,
+        tag: PushTag | None = None,
     ) -> None:
         for k, conn in enumerate(self.connections):
             arrays: tuple[np.ndarray, ...] = (slots[k].numpy(), grads[k].numpy())
-            if k == 0 and dense_grad is not None:
-                arrays += (dense_grad.numpy(),)
-            conn.send(PUSH, None, arrays)
+            meta = None
+            if k == 0:
+                if dense_grad is not None:
+                    arrays += (dense_grad.numpy(),)
+                if tag is not None:
+                    meta = {"tag": [tag.epoch, tag.shard, tag.rows, tag.shard_rows, int(tag.last)]}
+            conn.send(PUSH, meta, arrays)
             self._expected[k].append(ACK)
         self.pushes_sent += 1
         if self.synchronous:

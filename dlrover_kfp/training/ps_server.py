@@ -3,7 +3,9 @@
 Requests (over :mod:`dlrover_kfp.training.wire`):
 
 * ``lookup``  arrays ``(slots,)``, meta ``{"dense": bool}`` -> ``rows`` ``(rows[, dense])``
-* ``push``    arrays ``(slots, grads[, dense_grad])`` -> ``ok``
+* ``push``    arrays ``(slots, grads[, dense_grad])``, meta ``{"tag": [epoch, shard, rows,
+  shard_rows, last]}`` on PS 0 -> ``ok``; PS 0 counts the rows it applied per shard pass
+  (:mod:`dlrover_kfp.core.applied`) and returns the tally with each checkpoint
 * ``checkpoint`` meta ``{"step": n}`` -> ``ok`` ``{"blocked_s": t}``: copy the state into shared
   memory now (training on this PS pauses for the copy only) and persist it in the background;
 * ``checkpoint_status`` -> ``{"done": bool, "part": {...}}`` once the persist has finished;
@@ -61,6 +63,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dlrover_kfp.core.applied import AppliedTally
 from dlrover_kfp.core.documents import parse
 from dlrover_kfp.core.partition import Partition, overlap
 from dlrover_kfp.core.spec import ModelSpec
@@ -221,6 +224,7 @@ class PsService:
             return Message("rows", {}, (rows,))
         if kind == "push":
             slots, grads, dense_grad = self._checked_push(msg)
+            tag = _push_tag(msg.meta)
             if len(slots):
                 self.state.apply_sparse(slots, grads)
             if dense_grad is not None:
@@ -228,6 +232,8 @@ class PsService:
                     self.state.apply_dense(dense_grad)
             with self._stats_lock:
                 self.pushes += 1
+                if tag is not None:
+                    self.state.applied.add(*tag)
             return Message("ok", {}, ())
         if kind.startswith("transfer_"):
             return self._transfer(kind, msg.meta)
@@ -265,7 +271,9 @@ class PsService:
                 raise ValueError(f"PS {state.config.ps_index} holds no dense parameters")
             with self._dense_lock:  # the pair whole, as one dense update left it
                 arrays = (state.dense.numpy().copy(), state.dense_accum.numpy().copy())
-            reply = Message(transfer.DENSE, {}, arrays)
+            with self._stats_lock:  # the workers are paused: the tally of exactly these
+                applied = state.applied.to_dict()
+            reply = Message(transfer.DENSE, {"applied": applied}, arrays)
         else:
             raise ValueError(f"unknown request {kind!r}")
         with self._stats_lock:
@@ -300,7 +308,10 @@ class PsService:
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
             raise ValueError(f"checkpoint: meta key 'step' must be an integer >= 0, got {step!r}")
         blocked = self.checkpointer.snapshot(step, self.state)
-        return Message("ok", {"blocked_s": blocked}, ())
+        # Taken under the gate with the state: the tally of exactly the pushes the copy holds.
+        with self._stats_lock:
+            applied = self.state.applied.to_dict()
+        return Message("ok", {"blocked_s": blocked, "applied": applied}, ())
 
     def _restore(self, msg: Message) -> Message:
         """The state rolled back to the committed checkpoint the master names, in place.
@@ -323,6 +334,8 @@ class PsService:
             for name, tensor in self.state.arrays().items():
                 tensor.copy_(fresh[name])
             source = "start"
+            with self._stats_lock:
+                self.state.applied = AppliedTally()
         else:
             choice = ckpt.CheckpointChoice.from_dict(raw)
             source = "memory" if self.checkpointer.restore(self.state, choice) else "volume"
@@ -339,7 +352,28 @@ class PsService:
             "busy_s": self.busy_s,
             "state_bytes": self.state.nbytes,
             "transfer_bytes": self.transfer_bytes,
+            "applied": self.state.applied.to_dict(),
         }
+
+
+def _push_tag(meta: dict[str, Any]) -> tuple[int, int, int, int, bool] | None:
+    """A push's shard tag ``[epoch, shard, rows, shard_rows, last (0/1)]``, checked before
+    anything is applied (a bad tag applies nothing)."""
+    tag = meta.get("tag")
+    if tag is None:
+        return None
+    if (
+        not isinstance(tag, list)
+        or len(tag) != 5
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in tag)
+        or tag[3] < 1
+        or tag[4] > 1
+    ):
+        raise ValueError(
+            f"push: meta key 'tag' must be [epoch, shard, rows, shard_rows, last] of integers "
+            f">= 0 (shard_rows >= 1, last 0 or 1), got {tag!r:.80}"
+        )
+    return tag[0], tag[1], tag[2], tag[3], bool(tag[4])
 
 
 def _meta_int(meta: dict[str, Any], key: str, minimum: int) -> int:

@@ -49,6 +49,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from dlrover_kfp.core.applied import AppliedTally
 from dlrover_kfp.core.partition import Partition
 from dlrover_kfp.core.spec import ModelSpec
 from dlrover_kfp.training import memory
@@ -162,6 +163,9 @@ class PsState:
             )
         self.updates = 0
         self._tracking: _Tracking | None = None
+        #: PS 0: rows applied per shard pass (pushes tag their shard), kept with the state it
+        #: describes: checkpointed, restored and moved with it (see core/applied.py)
+        self.applied = AppliedTally()
 
     @property
     def holds_dense(self) -> bool:

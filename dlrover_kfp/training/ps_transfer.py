@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from dlrover_kfp.core.applied import AppliedTally
 from dlrover_kfp.core.partition import Overlap, Partition, overlap
 from dlrover_kfp.errors import DlroverKfpError, PermanentError
 from dlrover_kfp.training import memory
@@ -227,6 +228,8 @@ def _fetch_dense(sources: Sequence[Address], state: PsState, secret: bytes, tall
         dense, dense_accum = (torch.from_numpy(a) for a in reply.arrays)
         state.dense.copy_(dense)
         state.dense_accum.copy_(dense_accum)
+        # The rows applied per shard go with the dense parameters (core/applied.py).
+        state.applied = AppliedTally.from_dict(reply.meta.get("applied"))
         tally.add(reply, 0)
 
 

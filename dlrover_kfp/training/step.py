@@ -55,6 +55,21 @@ class PendingRows(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class PushTag:
+    """Which shard a push's batch belongs to: PS 0 counts the rows it applied per shard, so a
+    run can tell how many samples' gradients it applied more than once (a shard trained
+    again after a worker stopped part-way through it)."""
+
+    epoch: int
+    shard: int
+    #: rows of this batch, and of the whole shard as read (bad rows skipped)
+    rows: int
+    shard_rows: int
+    #: the shard's last batch (a pass sends them in order)
+    last: bool
+
+
 class ParameterServers(Protocol):
     """The PS of a job as one worker sees them."""
 
@@ -74,8 +89,10 @@ class ParameterServers(Protocol):
         slots: Sequence[torch.Tensor],
         grads: Sequence[torch.Tensor],
         dense_grad: torch.Tensor | None,
+        tag: PushTag | None = None,
     ) -> None:
-        """Apply the gradient rows on every PS and the dense gradient on PS 0."""
+        """Apply the gradient rows on every PS and the dense gradient on PS 0; ``tag`` goes
+        with PS 0's part."""
         ...
 
 
@@ -113,7 +130,9 @@ class InProcessPs:
         slots: Sequence[torch.Tensor],
         grads: Sequence[torch.Tensor],
         dense_grad: torch.Tensor | None,
+        tag: PushTag | None = None,
     ) -> None:
+        """As the remote PS apply it; ``tag`` is not counted here (no server)."""
         for state, s, g in zip(self.states, slots, grads, strict=True):
             if len(s):
                 state.apply_sparse(s, g)
@@ -156,13 +175,14 @@ class Routed:
     batch: Batch
     routing: _Routing
     inverse: torch.Tensor
+    tag: PushTag | None = None
 
 
-def route(batch: Batch, offsets: torch.Tensor, num_ps: int) -> Routed:
+def route(batch: Batch, offsets: torch.Tensor, num_ps: int, tag: PushTag | None = None) -> Routed:
     """Global ids ``[B, T]`` -> unique ids per PS and the inverse map (one ``torch.unique``)."""
     gids = torch.from_numpy(batch.sparse) + offsets
     unique, inverse = torch.unique(gids.view(-1), return_inverse=True)
-    return Routed(batch, _Routing(unique, num_ps), inverse)
+    return Routed(batch, _Routing(unique, num_ps), inverse, tag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +191,7 @@ class _Step:
     routing: _Routing
     inverse: torch.Tensor
     pending: PendingRows
+    tag: PushTag | None
 
 
 class WorkerModel:
@@ -183,15 +204,15 @@ class WorkerModel:
         self.flat = FlatParameters(self.net)
         self.offsets = torch.from_numpy(table_offsets(spec.table_sizes))
 
-    def route(self, batch: Batch) -> Routed:
+    def route(self, batch: Batch, tag: PushTag | None = None) -> Routed:
         """:func:`route` for this model and its PS (thread-safe: it touches no parameters)."""
-        return route(batch, self.offsets, self.servers.num_ps)
+        return route(batch, self.offsets, self.servers.num_ps, tag)
 
     def _begin(self, item: Batch | Routed, *, with_dense: bool) -> _Step:
         """Route the batch's ids (unless done already) and send its lookups."""
         r = item if isinstance(item, Routed) else self.route(item)
         pending = self.servers.request(r.routing.slots, with_dense)
-        return _Step(r.batch, r.routing, r.inverse, pending)
+        return _Step(r.batch, r.routing, r.inverse, pending, r.tag)
 
     def _leaf(self, step: _Step, rows: Rows) -> torch.Tensor:
         found, dense = rows
@@ -211,7 +232,7 @@ class WorkerModel:
         self.flat.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
         assert leaf.grad is not None
-        self.servers.push(routing.slots, routing.scatter(leaf.grad), self.flat.grad)
+        self.servers.push(routing.slots, routing.scatter(leaf.grad), self.flat.grad, step.tag)
         return float(loss.detach())
 
     def train_step(self, batch: Batch | Routed) -> float:

@@ -13,7 +13,8 @@ PS's side, :mod:`.ps_server` the old PS's):
   of the overlap of this PS with PS ``k`` of ``N`` (:func:`~dlrover_kfp.core.partition.overlap`),
   or with ``dirty`` only those marked since ``transfer_track`` (a sparse reply, new slots
   telling where each goes); refused when this PS does not track ``g``;
-* ``transfer_dense``  -> ``transfer_dense`` arrays ``(dense, dense_accum)`` (PS 0 only).
+* ``transfer_dense``  -> ``transfer_dense`` arrays ``(dense, dense_accum)``, meta ``{"applied":
+  ...}`` (PS 0 only; its rows applied per shard, core/applied.py).
 
 A reply is bounded by :data:`MAX_TRANSFER_BYTES`; the requester asks for chunks of about
 :data:`CHUNK_BYTES`, so that no request holds the PS long (a chunk is one ``index_select``

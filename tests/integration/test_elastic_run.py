@@ -26,6 +26,7 @@ from dlrover_kfp.core.spec import JobSpec, SyntheticData
 from dlrover_kfp.runtime.elastic import ElasticPolicy, elastic_run
 from dlrover_kfp.runtime.job import JobRun, RunResult
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
+from dlrover_kfp.training.checkpoint import select_checkpoint
 
 MODEL = (
     "{embedding_dim: 8, table_sizes: [1000, 50, 7, 3000, 20000, 500], dense_features: 13, "
@@ -246,6 +247,12 @@ def test_a_worker_killed_with_sigkill_gives_its_shards_back_at_once_and_is_relau
     relaunches = [e for e in profile.events if e.kind == "relaunch"]
     assert [e.node for e in relaunches] == ["elastic-worker-1"]
     assert "failure 1 of 3" in relaunches[0].detail
+    # The batches it had trained of its shard were applied, and the shard was trained again
+    # whole: counted (core/applied.py), put down to the relaunch, at most its leased shards.
+    twice = profile.metrics.applied_twice
+    print(f"samples applied twice: {twice}")
+    assert twice is not None and set(twice) == {"relaunch"}, twice
+    assert 0 < twice["relaunch"] <= measured["leased"] * settings.shard_rows, twice
 
 
 # 18 s: the chaos suite (tests/chaos) runs a worker over its memory among its faults; the
@@ -309,6 +316,13 @@ def test_a_hot_ps_moves_to_a_new_pod_while_training_goes_on(tmp_path: Path) -> N
     logs = sorted(p.name for p in (tmp_path / "out" / "logs").iterdir())
     assert any("-ps-" in name and "-g" in name for name in logs), logs
     assert not [e for e in profile.events if e.kind == "failure"], profile.events
+    # The workers paused at shard boundaries and PS 0's tally moved with it: nothing was
+    # applied twice, and the new PS 0 counted on from the old one's (core/applied.py).
+    assert profile.metrics.applied_twice == {}, profile.metrics.applied_twice
+    final = select_checkpoint(tmp_path / "out" / "checkpoints")
+    assert final is not None
+    shards = math.ceil(_trained_rows(spec, settings) / settings.shard_rows)
+    assert len(final.extra["applied"]["whole"]) == shards  # those before the move kept
     # Each move went over the network: every row of the moved PS copied while training, the
     # rows updated meanwhile fetched in the pause (pods share no memory: tests/backends).
     stripes = Partition(sum(spec.model.table_sizes), 2)
@@ -358,6 +372,12 @@ def test_a_ps_killed_with_sigkill_rolls_the_job_back_to_its_checkpoint(tmp_path:
     assert [e.node for e in restores] == ["elastic-ps-1"], profile.events
     assert "every PS restored from the checkpoint of step" in restores[0].detail
     assert "samples trained since are taken back" in restores[0].detail
+    # What the restored state forgot is not counted; the shards in flight at its checkpoint
+    # (at most one or two per worker) were trained again whole after their part was restored.
+    twice = profile.metrics.applied_twice
+    print(f"samples applied twice: {twice}")
+    assert twice is not None and set(twice) <= {"rollback"}, twice
+    assert twice.get("rollback", 0) <= 2 * 2 * settings.shard_rows, twice
     assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
 
 

@@ -174,6 +174,9 @@ resources:
     profile = result.profile
     assert result.succeeded, profile.outcome.reason
     assert profile.metrics.bad_rows == 2 * 2  # two bad rows, read once per epoch
+    # Nothing stopped a worker: PS 0 applied every batch of every shard of both epochs once
+    # (its tally counts a shard's rows as read, bad rows skipped; core/applied.py).
+    assert profile.metrics.applied_twice == {}
     assert profile.metrics.eval_rows and profile.metrics.eval_rows >= 3
     assert profile.metrics.loss is not None and 0.0 < profile.metrics.loss < 1.5
     source_rows = open_dataset(spec.data, spec.model, tmp_path).source_rows

@@ -23,7 +23,7 @@ from dlrover_kfp.training.data import Batch, RowRange, SyntheticCriteo
 from dlrover_kfp.training.ps_client import RemotePs
 from dlrover_kfp.training.ps_server import PsService
 from dlrover_kfp.training.ps_state import PsConfig, PsState
-from dlrover_kfp.training.step import InProcessPs, PendingRows, Rows, WorkerModel
+from dlrover_kfp.training.step import InProcessPs, PendingRows, PushTag, Rows, WorkerModel
 from dlrover_kfp.training.wire import (
     Connection,
     PeerUnavailableError,
@@ -328,10 +328,11 @@ class Recording:
         slots: Sequence[torch.Tensor],
         grads: Sequence[torch.Tensor],
         dense_grad: torch.Tensor | None,
+        tag: PushTag | None = None,
     ) -> None:
         self.log.append(f"P{self.pushes}")
         self.pushes += 1
-        self.inner.push(slots, grads, dense_grad)
+        self.inner.push(slots, grads, dense_grad, tag)
 
 
 def fresh_states() -> list[PsState]:
@@ -448,3 +449,29 @@ def test_concurrent_pushes_from_several_connections_all_land(cluster: Cluster) -
     torch.testing.assert_close(cluster.states[1].weights, expected.weights)
     assert not torch.equal(cluster.states[1].weights, before)
     assert cluster.ps[1].service.pushes == clients * per_client
+
+
+def test_ps_zero_counts_the_rows_it_applied_per_shard_and_checkpoints_the_tally(
+    cluster: Cluster,
+) -> None:
+    """Pushes carry their shard (core/applied.py): a shard part-trained, then trained whole,
+    shows its first part as applied twice; a bad tag applies nothing."""
+    ps = cluster.client(synchronous=True)
+    slots = [torch.tensor([0, 1]), torch.tensor([2])]
+    grads = [torch.ones(2, 4), torch.ones(1, 4)]
+    dense = torch.zeros(cluster.states[0].dense.numel())  # type: ignore[union-attr]
+    ps.push(slots, grads, dense, PushTag(0, 5, 4, 10, last=False))  # stopped after 4 rows
+    for rows, last in ((4, False), (4, False), (2, True)):  # shard 5 again, whole
+        ps.push(slots, grads, dense, PushTag(0, 5, rows, 10, last=last))
+    applied = cluster.conns[0].request("stats").meta["applied"]
+    assert applied == {"partial": [], "whole": [[0, 5]], "twice": [[0, 5, 4]]}
+    assert cluster.conns[1].request("stats").meta["applied"]["twice"] == []  # PS 0 counts
+    before = cluster.states[0].dense.clone()  # type: ignore[union-attr]
+    with pytest.raises(RemoteError, match="meta key 'tag'"):
+        cluster.conns[0].request(
+            "push",
+            {"tag": [0, 5, 4, 10, 2]},
+            (np.array([0], np.int64), np.ones((1, 4), np.float32), np.ones_like(dense.numpy())),
+        )
+    assert torch.equal(cluster.states[0].dense, before)  # type: ignore[arg-type]
+    assert cluster.conns[0].request("stats").meta["applied"] == applied

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+from dlrover_kfp.core.applied import AppliedTally
 from dlrover_kfp.training.checkpoint.format import (
     AnyArray,
     CheckpointError,
@@ -124,6 +125,7 @@ class PsCheckpointer:
         _, from_memory = _own_or_volume(
             choice, state.config, self.flash.shm.shm_dir, state.arrays()
         )
+        state.applied = committed_tally(choice.extra, state.config)
         return from_memory
 
     def close(self) -> None:
@@ -179,7 +181,9 @@ def restore_own_part(
     """
     restored, from_memory = _own_or_volume(choice, config, shm_dir, None)
     discard_part(job_id, config.ps_index, shm_dir)
-    return _ps_state(restored, config), from_memory
+    state = _ps_state(restored, config)
+    state.applied = committed_tally(choice.extra, config)  # the manifest's, whatever the source
+    return state, from_memory
 
 
 def _own_or_volume(
@@ -263,10 +267,23 @@ def _ps_state(restored: RestoredPart, config: PsConfig) -> PsState:
     def tensor(a: AnyArray | None) -> torch.Tensor | None:
         return None if a is None else torch.from_numpy(a)
 
-    return PsState(
+    state = PsState(
         config,
         weights=torch.from_numpy(restored.weights),
         accum=torch.from_numpy(restored.accum),
         dense=tensor(restored.dense),
         dense_accum=tensor(restored.dense_accum),
     )
+    state.applied = committed_tally(restored.extra, config)
+    return state
+
+
+def committed_tally(extra: Mapping[str, Any], config: PsConfig) -> AppliedTally:
+    """PS 0's applied-rows tally as a checkpoint committed it with the state (its manifest's
+    ``applied``, see core/applied.py); empty on another PS and in a checkpoint without one."""
+    if config.ps_index != 0:
+        return AppliedTally()
+    try:
+        return AppliedTally.from_dict(extra.get("applied"))
+    except ValueError as exc:  # the manifest's checksum held: a writer's bug, not a bit flip
+        raise CheckpointError(f"checkpoint manifest: {exc}") from exc
