@@ -165,6 +165,7 @@ def main() -> None:
                 f"throughput kept: {x1 / x0:.0%}"
             )
     print(f"held-out AUC {p.metrics.auc}")
+    print(f"samples applied twice (by cause): {p.metrics.applied_twice}")
     late_and_reentered(p)
 
 

@@ -20,6 +20,10 @@ whole pass counts whole. Rows left in ``applied`` after a whole pass are applied
 so are all of them once the run has ended, every shard done. The tally is a plain value: PS 0
 puts it in each checkpoint and takes it back with the state it restores, so a rollback forgets
 exactly the pushes the restored state forgets. Its size is that of the shard ledger's.
+
+The pushes of a pass also say where in the shard their rows lie, so the tally knows the prefix
+of a shard that is applied (:meth:`AppliedTally.resume_points`): a rollback leases the shards
+in flight at its checkpoint again from there, and applies none of their rows twice.
 """
 
 from __future__ import annotations
@@ -34,19 +38,21 @@ Key = tuple[int, int]  # (epoch, shard id)
 class AppliedTally:
     """Rows applied per shard pass; mutated only through :meth:`add`."""
 
-    #: per (epoch, shard): [rows applied since its last whole pass ended, the shard's rows]
+    #: per (epoch, shard): [rows applied since its last whole pass ended, the shard's rows,
+    #: the rows from its first that those pushes cover]
     partial: dict[Key, list[int]] = field(default_factory=dict)
     #: the shards that had a whole pass
     whole: set[Key] = field(default_factory=set)
     #: per (epoch, shard): rows applied beyond its first whole pass, folded
     twice: dict[Key, int] = field(default_factory=dict)
 
-    def add(self, epoch: int, shard: int, rows: int, total: int, last: bool) -> None:
-        """A push of ``rows`` of shard ``shard`` (``total`` rows); ``last``: the last batch of
-        its pass."""
+    def add(self, epoch: int, shard: int, offset: int, rows: int, total: int, last: bool) -> None:
+        """A push of the ``rows`` rows from ``offset`` of shard ``shard`` (``total`` rows);
+        ``last``: the last batch of its pass."""
         key = (epoch, shard)
-        entry = self.partial.setdefault(key, [0, total])
+        entry = self.partial.setdefault(key, [0, total, 0])
         entry[0] += rows
+        entry[2] = max(entry[2], offset + rows)
         if not last:
             return
         extra = entry[0] - (0 if key in self.whole else entry[1])
@@ -59,14 +65,25 @@ class AppliedTally:
         """Rows applied more than once, per shard; with ``finished`` (every shard done) the
         rows of passes left partial count too."""
         out = dict(self.twice)
-        for key, (applied, _) in self.partial.items():
+        for key, (applied, _, _) in self.partial.items():
             if finished or key in self.whole:
                 out[key] = out.get(key, 0) + applied
         return {k: v for k, v in out.items() if v}
 
+    def resume_points(self, epoch: int) -> dict[int, int]:
+        """Per shard of ``epoch`` never trained whole: the rows from its first that are
+        applied (every pass starts at its first row or at such a point and goes on in order,
+        so what they applied is a prefix). Training it again from there applies nothing
+        twice: after a rollback, the part a shard in flight at the checkpoint had pushed."""
+        return {
+            s: covered
+            for (e, s), (_, _, covered) in self.partial.items()
+            if e == epoch and (e, s) not in self.whole and covered > 0
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "partial": [[e, s, a, n] for (e, s), (a, n) in sorted(self.partial.items())],
+            "partial": [[e, s, *entry] for (e, s), entry in sorted(self.partial.items())],
             "whole": [[e, s] for e, s in sorted(self.whole)],
             "twice": [[e, s, r] for (e, s), r in sorted(self.twice.items())],
         }
@@ -79,8 +96,8 @@ class AppliedTally:
         if not isinstance(data, dict):
             raise ValueError(f"applied: must be an object, got {type(data).__name__}")
         tally = cls()
-        for row in _rows(data, "partial", 4):
-            tally.partial[(row[0], row[1])] = [row[2], row[3]]
+        for row in _rows(data, "partial", 5):
+            tally.partial[(row[0], row[1])] = [row[2], row[3], row[4]]
         for row in _rows(data, "whole", 2):
             tally.whole.add((row[0], row[1]))
         for row in _rows(data, "twice", 3):

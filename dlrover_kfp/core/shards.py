@@ -64,6 +64,10 @@ class ShardLedger:
     doing: dict[int, _Lease] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
     rows_done: int = 0
+    #: per shard of this epoch, rows from its first that the PS already applied (a shard in
+    #: flight at the checkpoint a rollback restored, core/applied.py): leased from there.
+    #: Not saved: a restore derives it again from the tally committed with the state.
+    skip: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.epochs < 1:

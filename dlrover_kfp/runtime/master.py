@@ -261,8 +261,9 @@ class MasterState:
     ) -> None:
         """Put back what :meth:`committed` wrote, or, without it, the job's start: ``initial``'s
         shards all to do and nothing counted. The shards PS 0 had part-applied at that
-        checkpoint are trained again from their start: their part is put down to ``cause``.
-        Call with :attr:`lock` held."""
+        checkpoint are leased again from where their part ends (:attr:`ShardLedger.skip`);
+        what was applied twice of them anyway is put down to ``cause``. Call with
+        :attr:`lock` held."""
         self.requeued = {}
         if extra is None or "shards" not in extra:
             self.ledger = ShardLedger(
@@ -272,9 +273,14 @@ class MasterState:
             return
         for e, s, why in extra.get("requeued", []):
             self.requeued[(int(e), int(s))] = str(why)
-        for key in AppliedTally.from_dict(extra.get("applied")).partial:
-            self.requeued[key] = cause
         self.ledger = ShardLedger.from_dict(extra["shards"])
+        tally = AppliedTally.from_dict(extra.get("applied"))
+        resume = tally.resume_points(self.ledger.epoch)
+        # A shard PS 0 had part-applied is leased again from where that part ends: none of it
+        # applied twice. One it had part-applied beyond a whole pass was trained twice already.
+        self.ledger.skip = {s: rows for s, rows in resume.items() if s not in self.ledger.done}
+        for key in tally.partial:
+            self.requeued.setdefault(key, cause)
         self.workers = {
             str(name): WorkerStats(
                 samples=int(samples), steps=int(steps), loss_sum=float(loss), bad_rows=int(bad)
@@ -466,6 +472,7 @@ class MasterService:
                 return Message("shard", {"shard": None, "finished": False, SWITCH: pausing}, ())
             shard = self.state.ledger.lease(holder, self.clock())
             finished = self.state.ledger.finished
+            skip = 0 if shard is None else self.state.ledger.skip.get(shard.id, 0)
         if shard is None:
             return Message("shard", {"shard": None, "finished": finished}, ())
         body: dict[str, Any] = {
@@ -475,6 +482,8 @@ class MasterService:
             "end": shard.end,
             "epoch": shard.epoch,
         }
+        if skip:
+            body["skip"] = skip
         if self.state.locate is not None:
             span = self.state.locate(RowRange(shard.source, shard.start, shard.end))
             if span is not None:
@@ -498,7 +507,10 @@ class MasterService:
             stats = self.state.workers.setdefault(worker, WorkerStats())
             # Samples trained count even when the shard is not accepted (its lease expired):
             # the work was done and the PS were updated; only the shard is handed out again.
+            # An accepted shard leased from a skip counts the rows the PS held already too.
             stats.samples += counts["samples"]
+            if accepted:
+                stats.samples += self.state.ledger.skip.pop(shard, 0)
             stats.steps += counts["steps"]
             stats.loss_sum += loss_sum
             stats.bad_rows += counts["bad_rows"]

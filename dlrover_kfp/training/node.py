@@ -221,17 +221,27 @@ def _log_bytes_read(name: str, dataset: object, rows: int) -> None:
 def _route_shard(
     model: WorkerModel, batch: Batch, batch_size: int, shard: dict[str, Any]
 ) -> list[Routed]:
-    """The shard's mini-batches, each tagged with the shard (PS 0 counts what it applied)."""
+    """The shard's mini-batches from its ``skip`` (the rows PS 0 holds already: a shard in
+    flight at the checkpoint a rollback restored), each tagged with the shard and where its
+    rows lie (PS 0 counts what it applied, core/applied.py)."""
     from dlrover_kfp.training.step import PushTag  # noqa: PLC0415 (torch: lazily)
 
+    skip = _skip(shard, len(batch))
     steps = []
-    for start in range(0, len(batch), batch_size):
+    for start in range(skip, len(batch), batch_size):
         end = min(start + batch_size, len(batch))
         tag = PushTag(
-            int(shard["epoch"]), int(shard["id"]), end - start, len(batch), end == len(batch)
+            int(shard["epoch"]), int(shard["id"]), start, end - start, len(batch), end == len(batch)
         )
         steps.append(model.route(batch.slice(start, end), tag))
     return steps
+
+
+def _skip(shard: dict[str, Any], rows: int) -> int:
+    """The rows of a leased shard to leave out: its ``skip``, unless that leaves nothing (a
+    shard must train a batch to be reported; then it trains whole)."""
+    skip = int(shard.get("skip", 0))
+    return skip if 0 <= skip < rows else 0
 
 
 _Item = _Work | _Switch | BaseException | None
@@ -386,7 +396,7 @@ def run_worker(
                 "incarnation": incarnation,
                 "shard": shard.work.shard["id"],
                 "epoch": shard.work.shard["epoch"],
-                "samples": len(shard.work.batch),
+                "samples": len(shard.work.batch) - _skip(shard.work.shard, len(shard.work.batch)),
                 "steps": shard.batches,
                 "loss_sum": shard.loss_sum,
                 "bad_rows": shard.work.batch.bad_rows,

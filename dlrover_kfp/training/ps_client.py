@@ -114,7 +114,16 @@ class RemotePs:
                 if dense_grad is not None:
                     arrays += (dense_grad.numpy(),)
                 if tag is not None:
-                    meta = {"tag": [tag.epoch, tag.shard, tag.rows, tag.shard_rows, int(tag.last)]}
+                    meta = {
+                        "tag": [
+                            tag.epoch,
+                            tag.shard,
+                            tag.offset,
+                            tag.rows,
+                            tag.shard_rows,
+                            int(tag.last),
+                        ]
+                    }
             conn.send(PUSH, meta, arrays)
             self._expected[k].append(ACK)
         self.pushes_sent += 1

@@ -3,8 +3,8 @@
 Requests (over :mod:`dlrover_kfp.training.wire`):
 
 * ``lookup``  arrays ``(slots,)``, meta ``{"dense": bool}`` -> ``rows`` ``(rows[, dense])``
-* ``push``    arrays ``(slots, grads[, dense_grad])``, meta ``{"tag": [epoch, shard, rows,
-  shard_rows, last]}`` on PS 0 -> ``ok``; PS 0 counts the rows it applied per shard pass
+* ``push``    arrays ``(slots, grads[, dense_grad])``, meta ``{"tag": [epoch, shard, offset,
+  rows, shard_rows, last]}`` on PS 0 -> ``ok``; PS 0 counts the rows it applied per shard pass
   (:mod:`dlrover_kfp.core.applied`) and returns the tally with each checkpoint
 * ``checkpoint`` meta ``{"step": n}`` -> ``ok`` ``{"blocked_s": t}``: copy the state into shared
   memory now (training on this PS pauses for the copy only) and persist it in the background;
@@ -356,24 +356,24 @@ class PsService:
         }
 
 
-def _push_tag(meta: dict[str, Any]) -> tuple[int, int, int, int, bool] | None:
-    """A push's shard tag ``[epoch, shard, rows, shard_rows, last (0/1)]``, checked before
-    anything is applied (a bad tag applies nothing)."""
+def _push_tag(meta: dict[str, Any]) -> tuple[int, int, int, int, int, bool] | None:
+    """A push's shard tag ``[epoch, shard, offset, rows, shard_rows, last (0/1)]``, checked
+    before anything is applied (a bad tag applies nothing)."""
     tag = meta.get("tag")
     if tag is None:
         return None
     if (
         not isinstance(tag, list)
-        or len(tag) != 5
+        or len(tag) != 6
         or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in tag)
-        or tag[3] < 1
-        or tag[4] > 1
+        or tag[2] + tag[3] > tag[4]
+        or tag[5] > 1
     ):
         raise ValueError(
-            f"push: meta key 'tag' must be [epoch, shard, rows, shard_rows, last] of integers "
-            f">= 0 (shard_rows >= 1, last 0 or 1), got {tag!r:.80}"
+            "push: meta key 'tag' must be [epoch, shard, offset, rows, shard_rows, last] of "
+            f"integers >= 0 (offset + rows <= shard_rows, last 0 or 1), got {tag!r:.80}"
         )
-    return tag[0], tag[1], tag[2], tag[3], bool(tag[4])
+    return tag[0], tag[1], tag[2], tag[3], tag[4], bool(tag[5])
 
 
 def _meta_int(meta: dict[str, Any], key: str, minimum: int) -> int:

@@ -63,7 +63,8 @@ class PushTag:
 
     epoch: int
     shard: int
-    #: rows of this batch, and of the whole shard as read (bad rows skipped)
+    #: where this batch's rows start in the shard as read (bad rows skipped), and how many
+    offset: int
     rows: int
     shard_rows: int
     #: the shard's last batch (a pass sends them in order)

@@ -618,7 +618,10 @@ def _report(run: JobRun[ElasticPolicy], injector: Injector, path: Path) -> None:
             if hasattr(run, "checkpoint_dir")
             else False
         )
-        address = getattr(run, "address", None)
+        try:
+            address = run.address
+        except (AttributeError, RuntimeError):  # not serving yet (JobRun.run() starts it)
+            address = None
         state = {
             "done": done,
             "t": time.monotonic() - run.start if hasattr(run, "start") else 0.0,

@@ -372,12 +372,12 @@ def test_a_ps_killed_with_sigkill_rolls_the_job_back_to_its_checkpoint(tmp_path:
     assert [e.node for e in restores] == ["elastic-ps-1"], profile.events
     assert "every PS restored from the checkpoint of step" in restores[0].detail
     assert "samples trained since are taken back" in restores[0].detail
-    # What the restored state forgot is not counted; the shards in flight at its checkpoint
-    # (at most one or two per worker) were trained again whole after their part was restored.
+    # What the restored state forgot is not counted, and the shards in flight at its
+    # checkpoint were leased again from where PS 0's part of them ended (core/applied.py):
+    # nothing applied twice (11,776 samples when they were trained again from their start).
     twice = profile.metrics.applied_twice
     print(f"samples applied twice: {twice}")
-    assert twice is not None and set(twice) <= {"rollback"}, twice
-    assert twice.get("rollback", 0) <= 2 * 2 * settings.shard_rows, twice
+    assert twice == {}, twice
     assert profile.metrics.auc is not None and profile.metrics.auc > 0.6
 
 

@@ -460,9 +460,9 @@ def test_ps_zero_counts_the_rows_it_applied_per_shard_and_checkpoints_the_tally(
     slots = [torch.tensor([0, 1]), torch.tensor([2])]
     grads = [torch.ones(2, 4), torch.ones(1, 4)]
     dense = torch.zeros(cluster.states[0].dense.numel())  # type: ignore[union-attr]
-    ps.push(slots, grads, dense, PushTag(0, 5, 4, 10, last=False))  # stopped after 4 rows
-    for rows, last in ((4, False), (4, False), (2, True)):  # shard 5 again, whole
-        ps.push(slots, grads, dense, PushTag(0, 5, rows, 10, last=last))
+    ps.push(slots, grads, dense, PushTag(0, 5, 0, 4, 10, last=False))  # stopped after 4 rows
+    for offset, rows in ((0, 4), (4, 4), (8, 2)):  # shard 5 again, whole
+        ps.push(slots, grads, dense, PushTag(0, 5, offset, rows, 10, last=rows == 2))
     applied = cluster.conns[0].request("stats").meta["applied"]
     assert applied == {"partial": [], "whole": [[0, 5]], "twice": [[0, 5, 4]]}
     assert cluster.conns[1].request("stats").meta["applied"]["twice"] == []  # PS 0 counts
@@ -470,7 +470,7 @@ def test_ps_zero_counts_the_rows_it_applied_per_shard_and_checkpoints_the_tally(
     with pytest.raises(RemoteError, match="meta key 'tag'"):
         cluster.conns[0].request(
             "push",
-            {"tag": [0, 5, 4, 10, 2]},
+            {"tag": [0, 5, 8, 4, 10, 0]},
             (np.array([0], np.int64), np.ones((1, 4), np.float32), np.ones_like(dense.numpy())),
         )
     assert torch.equal(cluster.states[0].dense, before)  # type: ignore[arg-type]

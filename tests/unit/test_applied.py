@@ -31,7 +31,10 @@ def histories(draw: st.DrawFn) -> tuple[dict[tuple[int, int], int], list[tuple]]
         lengths = [*cut[:whole], len(batches), *again, *cut[whole:]]
         for length in lengths:
             passes.append(
-                [(key, rows, n, i == len(batches) - 1) for i, rows in enumerate(batches[:length])]
+                [
+                    (key, i * BATCH, rows, n, i == len(batches) - 1)
+                    for i, rows in enumerate(batches[:length])
+                ]
             )
     order = draw(st.permutations([i for i, p in enumerate(passes) for _ in p]))
     cursors = [0] * len(passes)
@@ -47,10 +50,10 @@ def histories(draw: st.DrawFn) -> tuple[dict[tuple[int, int], int], list[tuple]]
 def test_rows_applied_beyond_one_whole_pass_are_counted_exactly(history) -> None:  # type: ignore[no-untyped-def]
     sizes, pushes = history
     tally = AppliedTally()
-    for (epoch, shard), rows, n, last in pushes:
-        tally.add(epoch, shard, rows, n, last)
+    for (epoch, shard), offset, rows, n, last in pushes:
+        tally.add(epoch, shard, offset, rows, n, last)
     applied: dict[tuple[int, int], int] = {}
-    for key, rows, _, _ in pushes:
+    for key, _, rows, _, _ in pushes:
         applied[key] = applied.get(key, 0) + rows
     expected = {k: applied[k] - sizes[k] for k in sizes if applied[k] > sizes[k]}
     assert tally.applied_twice(finished=True) == expected
@@ -61,10 +64,11 @@ def test_rows_applied_beyond_one_whole_pass_are_counted_exactly(history) -> None
 
 def test_a_pass_cut_short_then_a_whole_one_is_counted_before_the_end() -> None:
     tally = AppliedTally()
-    tally.add(0, 7, 4, 10, last=False)  # a worker trained one batch of shard 7, then stopped
+    tally.add(0, 7, 0, 4, 10, last=False)  # a worker trained one batch of shard 7, stopped
     assert tally.applied_twice(finished=False) == {}  # could still be the first pass
-    for rows in (4, 4, 2):  # the shard again, whole, by another worker
-        tally.add(0, 7, rows, 10, last=rows == 2)
+    assert tally.resume_points(0) == {7: 4}
+    for offset, rows in ((0, 4), (4, 4), (8, 2)):  # the shard again, whole, by another worker
+        tally.add(0, 7, offset, rows, 10, last=rows == 2)
     assert tally.applied_twice(finished=False) == {(0, 7): 4}
     assert by_cause(tally.applied_twice(finished=True), {(0, 7): "scale-in"}) == {"scale-in": 4}
     assert by_cause({(1, 2): 3}, {}) == {"other": 3}
@@ -74,7 +78,7 @@ def test_a_pass_cut_short_then_a_whole_one_is_counted_before_the_end() -> None:
     "bad",
     [
         [],
-        {"partial": [[0, 1, 2]]},
+        {"partial": [[0, 1, 2, 3]]},
         {"partial": "x"},
         {"twice": [[0, 1, -3]]},
         {"whole": [[0]]},
@@ -84,3 +88,20 @@ def test_a_pass_cut_short_then_a_whole_one_is_counted_before_the_end() -> None:
 def test_a_malformed_tally_is_refused_by_name(bad: object) -> None:
     with pytest.raises(ValueError, match="applied"):
         AppliedTally.from_dict(bad)
+
+
+def test_a_pass_resumed_where_the_applied_prefix_ends_applies_nothing_twice() -> None:
+    tally = AppliedTally()
+    tally.add(2, 3, 0, 4, 10, last=False)
+    tally.add(2, 3, 4, 4, 10, last=False)  # in flight at a checkpoint: rows 0-7 applied
+    restored = AppliedTally.from_dict(tally.to_dict())
+    assert restored.resume_points(2) == {3: 8} and restored.resume_points(1) == {}
+    restored.add(2, 3, 8, 2, 10, last=True)  # leased again from row 8
+    assert restored.applied_twice(finished=True) == {}
+    assert restored.resume_points(2) == {}
+    # A cut pass and a pass from the first row overlap: the prefix is the longer one.
+    overlap = AppliedTally()
+    overlap.add(0, 1, 0, 4, 10, last=False)
+    overlap.add(0, 1, 0, 4, 10, last=False)
+    overlap.add(0, 1, 4, 4, 10, last=False)
+    assert overlap.resume_points(0) == {1: 8}
