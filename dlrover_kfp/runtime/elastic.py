@@ -952,7 +952,9 @@ class ElasticPolicy:
         for change in changes:
             name = self.run.worker_name(change.index)
             if change.kind is ChangeKind.REMOVE_WORKER:
-                self.run.stop(name, "scale-in")
+                # Beyond the new count: a scale-in; else replaced at its new size (a step).
+                beyond = change.index >= target.workers.count
+                self.run.stop(name, "scale-in" if beyond else "scale")
             elif change.kind is ChangeKind.REPARTITION_PS:
                 self._switch_ps(target.ps, None, live=change.live)
             elif change.kind is ChangeKind.MIGRATE_PS:
