@@ -40,26 +40,22 @@ from dlrover_kfp.training.data import RowRange
 from dlrover_kfp.training.datasets import open_dataset
 from dlrover_kfp.training.model import FullDLRM
 
-TABLES = (
-    "[1000, 500, 10000, 20000, 50, 300, 100000, 7, 4000, 100, 3000, 60000, 200, 9000, 30, "
-    "1500, 80000, 12, 600, 70000, 2500, 400, 5000, 40000, 900, 15000]"
-)
 STALL_MARGIN = 0.02
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ctr-local.yaml"
 
 
 def job(rows: int, workers: int) -> JobSpec:
-    cpu = max(0.25, round(1.5 / workers, 2))
-    text = f"""
-name: async-quality
-model: {{embedding_dim: 16, table_sizes: {TABLES}, bottom_mlp: [64, 32, 16], top_mlp: [64, 32, 1]}}
-data: {{format: synthetic, rows: {rows}, seed: 1}}
-training: {{batch_size: 512, epochs: 1, learning_rate: 0.05}}
-resources:
-  limits: {{cpu: 64, memory: 64Gi}}
-  workers: {{count: {workers}, cpu: {cpu}, memory: 2Gi}}
-  ps: {{count: 1, cpu: 0.5, memory: 2Gi}}
-"""
-    return parse(JobSpec, load_text(text, "benchmark"), "benchmark")
+    """examples/ctr-local.yaml (its model, data seed, batch and learning rate) at ``rows``
+    rows with ``workers`` workers of ``1.5 / W`` cores (at least 0.25) and one PS of 0.5."""
+    doc = load_text(EXAMPLE.read_text(), str(EXAMPLE))
+    doc["name"] = "async-quality"
+    doc["data"]["rows"] = rows
+    doc["resources"] = {
+        "limits": {"cpu": 64, "memory": "64Gi"},
+        "workers": {"count": workers, "cpu": max(0.25, round(1.5 / workers, 2)), "memory": "2Gi"},
+        "ps": {"count": 1, "cpu": 0.5, "memory": "2Gi"},
+    }
+    return parse(JobSpec, doc, str(EXAMPLE))
 
 
 def dead_units(spec: JobSpec, model_dir: Path, rows: int = 4096) -> int:

@@ -494,10 +494,10 @@ class JobRun(Generic[P]):
         """Stop a pod on purpose: its end is no failure. ``cause`` (the event kind it is
         stopped for) is what a worker's part-trained shard is put down to (core/applied.py)."""
         self.stopping.add(name)
-        key = name.removeprefix(f"{self.spec.name}-")
-        if key.startswith("worker-"):
+        node = NodeId.from_pod_name(self.spec.name, name)
+        if node is not None and node.role == "worker":
             with self.state.lock:
-                self.state.stop_causes[key] = cause
+                self.state.stop_causes[node.key] = cause
         self.backend.delete(name)
 
     def _self_reported(self, state: MasterState, measured: set[str]) -> dict[str, PodUsage]:

@@ -17,28 +17,25 @@ against 0.814 at staleness 0); the figures in the test's comment were measured h
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
 import torch
 
-from dlrover_kfp.core.spec import ModelSpec
+from dlrover_kfp.core.documents import load_text, parse
+from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.training.data import RowRange, SyntheticCriteo
 from dlrover_kfp.training.metrics import roc_auc
 from dlrover_kfp.training.ps_state import PsConfig, PsState
 from dlrover_kfp.training.step import InProcessPs, WorkerModel
 
-#: examples/ctr-local.yaml's model
-TABLES = (1000, 500, 10000, 20000, 50, 300, 100000, 7, 4000, 100, 3000, 60000, 200)
-TABLES += (9000, 30, 1500, 80000, 12, 600, 70000, 2500, 400, 5000, 40000, 900, 15000)
-SPEC = ModelSpec(
-    table_sizes=TABLES,
-    embedding_dim=16,
-    bottom_mlp=(64, 32, 16),
-    top_mlp=(64, 32, 1),
-)
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ctr-local.yaml"
+#: examples/ctr-local.yaml: its model, batch size and learning rate
+JOB = parse(JobSpec, load_text(EXAMPLE.read_text(), str(EXAMPLE)), str(EXAMPLE))
+SPEC = JOB.model
 ROWS = 300_000
 TRAIN = ROWS - ROWS // 10
-BATCH = 512
-LR = 0.05
+BATCH = JOB.training.batch_size
+LR = JOB.training.learning_rate
 #: A run "stalls" when its AUC is this far below the synchronous run's (the benchmark's rule).
 STALL_MARGIN = 0.02
 #: The replay at staleness 0 (one worker, synchronous), seed 0, as measured: 0.8135.
