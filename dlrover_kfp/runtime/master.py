@@ -279,7 +279,10 @@ class MasterState:
         # A shard PS 0 had part-applied is leased again from where that part ends: none of it
         # applied twice. One it had part-applied beyond a whole pass was trained twice already.
         self.ledger.skip = {s: rows for s, rows in resume.items() if s not in self.ledger.done}
-        for key in tally.partial:
+        # A shard the state holds whole while the ledger, taken just before the PS snapshot,
+        # has it to do (its report came between the two) is trained again whole: that too.
+        redone = {(self.ledger.epoch, s) for s in self.ledger.todo}
+        for key in [*tally.partial, *(tally.whole & redone)]:
             self.requeued.setdefault(key, cause)
         self.workers = {
             str(name): WorkerStats(

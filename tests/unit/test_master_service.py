@@ -328,3 +328,22 @@ def test_self_reported_cpu_is_over_the_pods_own_interval_not_the_arrivals() -> N
     clock.now = 1.5
     call(service, peer, USAGE, **meta, cpu_seconds=11.0, rss_mb=300.0, at=102.0)
     assert service.state.self_reported_usage(clock.now, 5.0) == {NodeId.worker(0): (0.5, 300.0)}
+
+
+def test_a_restore_leases_a_part_applied_shard_from_its_prefix_and_names_the_cause() -> None:
+    """core/applied.py: after a rollback the shard PS 0 had part-applied is leased from where
+    that part ends; one it holds whole while the ledger has it to do is put down to the
+    rollback (trained again whole)."""
+    ranges = tuple((0, i * 100, (i + 1) * 100) for i in range(4))
+    initial = ShardLedger(ranges, epochs=1)
+    checkpointed = ShardLedger(ranges, epochs=1)
+    state = MasterState(ledger=initial, num_ps=1, job_config=dict(JOB_CONFIG))
+    extra = {
+        "shards": checkpointed.to_dict(),
+        "stats": {},
+        "applied": {"partial": [[0, 2, 40, 100, 40]], "whole": [[0, 1]], "twice": []},
+    }
+    with state.lock:
+        state.restore_committed(extra, initial, cause="rollback")
+    assert state.ledger.skip == {2: 40}
+    assert state.requeued == {(0, 1): "rollback", (0, 2): "rollback"}
