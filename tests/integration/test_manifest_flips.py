@@ -38,7 +38,7 @@ model: {{embedding_dim: 8, table_sizes: [1000, 50, 7, 3000], bottom_mlp: [16, 8]
 data: {{format: synthetic, rows: {ROWS}, seed: 4}}
 training: {{batch_size: 256}}
 resources:
-  workers: {{count: 1, cpu: 1, memory: 2Gi}}
+  workers: {{count: 1, cpu: 0.25, memory: 2Gi}}
   ps: {{count: 1, cpu: 1, memory: 2Gi}}
 """
 
