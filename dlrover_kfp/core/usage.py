@@ -79,6 +79,19 @@ def abandoned_configs(samples: Sequence[RuntimeSample]) -> frozenset[Config]:
     return frozenset(runs[i] for i in range(1, len(runs) - 1) if runs[i + 1] in runs[:i])
 
 
+def failed_moves(samples: Sequence[RuntimeSample]) -> tuple[tuple[Config, Config], ...]:
+    """``(base, failed)`` for each move the job made from ``base`` to ``failed`` and then left
+    for a configuration it had run before (:func:`abandoned_configs`' rule): the moves
+    measurement undid, in the order they were made."""
+    runs: list[Config] = []
+    for x in samples:
+        if x.workers > 0 and x.ps > 0:
+            c = config_of(x)
+            if not runs or runs[-1] != c:
+                runs.append(c)
+    return tuple((runs[i - 1], runs[i]) for i in range(1, len(runs) - 1) if runs[i + 1] in runs[:i])
+
+
 def cores_per_sample(
     observations: Sequence[Observation], role: str, gamma: float = 1.0
 ) -> float | None:

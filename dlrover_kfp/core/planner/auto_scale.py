@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -49,8 +49,9 @@ from dlrover_kfp.core.perf_model import PRIOR, PerfModel, fit
 from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.planner.context import PlanningContext, clamp_worker_memory
 from dlrover_kfp.core.planner.memory_growth import ps_growth
-from dlrover_kfp.core.planner.quota import OVER_QUOTA
+from dlrover_kfp.core.planner.quota import OVER_QUOTA, fit_to_quota
 from dlrover_kfp.core.planner.search import (
+    Correction,
     CpuBounds,
     InfeasiblePlanError,
     MemoryNeeds,
@@ -69,6 +70,7 @@ from dlrover_kfp.core.usage import (
     config_of,
     cores_per_sample,
     cpu_saturation,
+    failed_moves,
     observations_from_samples,
     peak_memory_mb,
 )
@@ -290,10 +292,19 @@ def auto_scale(
             back_ps = dataclasses.replace(
                 back.ps, memory_mb=max(back.ps.memory_mb, memory.ps_mb(back.ps.count))
             )
+            # The raise may not fit beside the old shape's workers: they make room, as for
+            # any growth (quota.fit_to_quota keeps the PS); where even that is over, stay.
+            fitted = fit_to_quota(back.workers, back_ps, ctx, drop_ps=False, max_trim=0.0)
+            if not fitted.fits:
+                return AutoScaleDecision(
+                    None,
+                    f"stable: {OVER_QUOTA}: no rollback to {describe(plan_config(back))} "
+                    f"fits the PS' {back_ps.memory_mb} MiB ({verdict})",
+                )
             return AutoScaleDecision(
                 ResourcePlan(
-                    workers=back.workers,
-                    ps=back_ps,
+                    workers=fitted.workers,
+                    ps=fitted.ps,
                     stage=Stage.AUTO_SCALE,
                     reason=f"rollback: {verdict} ({last_step.throughput_before:.0f} -> "
                     f"{measured:.0f} samples/s)",
@@ -321,6 +332,14 @@ def auto_scale(
     # (No observation at all when every sample so far shows no progress: a resumed job.)
     measured_cpu = max((o.config.total_cpu for o in observations), default=cur.total_cpu)
     upper, cpu_limit = trust_region(cur, measured_cpu, s)
+    own = {o.config: o.throughput for o in own_observations}
+
+    def model_rate(c: Config) -> float:
+        lw = c.worker_cpu if worker_cap is None else min(c.worker_cpu, worker_cap)
+        lp = c.ps_cpu if ps_cap is None else min(c.ps_cpu, ps_cap)
+        return model.throughput(Config(c.workers, c.ps, lw, lp), ctx.batch_size)
+
+    corrections = measured_corrections(samples, own, model_rate, s.min_gain)
     try:
         target = search(
             model,
@@ -333,20 +352,21 @@ def auto_scale(
             cpu_limit=cpu_limit,
             upper=upper,
             exclude=abandoned_configs(samples) - {cur},
+            corrections=corrections,
         ).target
     except InfeasiblePlanError as exc:
         # The pods' memory (grown by Stage 3) leaves no other shape in the quota: keep this one.
         return AutoScaleDecision(None, f"stable: {OVER_QUOTA}: {exc}", model)
 
     def predict(c: Config) -> float:
-        lw = c.worker_cpu if worker_cap is None else min(c.worker_cpu, worker_cap)
-        lp = c.ps_cpu if ps_cap is None else min(c.ps_cpu, ps_cap)
-        return model.throughput(Config(c.workers, c.ps, lw, lp), ctx.batch_size)
+        x = model_rate(c)
+        for k in corrections:
+            x = k.corrected(x, model_rate(k.base), c)
+        return x
 
     x_cur = predict(cur)
     gain = predict(target.config) / x_cur
     # A target this run has measured is judged by its measurement, not by the fit.
-    own = {o.config: o.throughput for o in own_observations}
     if target.config in own and cur in own and target.config != cur:
         gain = own[target.config] / own[cur]
     cur_cost = ctx.dominant_share(current.total_cpu, current.total_memory_mb)
@@ -403,6 +423,31 @@ def auto_scale(
     return AutoScaleDecision(
         plan, why, model, kind=kind, in_place=resize_in_place and in_place(current, plan)
     )
+
+
+def measured_corrections(
+    samples: Sequence[RuntimeSample],
+    own: dict[Config, float],
+    model_rate: Callable[[Config], float],
+    needed: float,
+) -> tuple[Correction, ...]:
+    """What this run's undone growth steps measured, as corrections of the model
+    (search.Correction): a direction that measured worse is proposed again only where the
+    model, scaled down by that measurement, still promises the step's gain. A step whose two
+    ends have no measured throughput (a start-up, a stall) corrects nothing."""
+    out = []
+    for base, failed in failed_moves(samples):
+        if own.get(base, 0.0) <= 0 or failed not in own:
+            continue
+        predicted = model_rate(failed) / model_rate(base)
+        measured = own[failed] / own[base]
+        if predicted <= 1 or measured >= predicted:
+            continue
+        ratio = max(-1.0, min(1.0, (measured - 1) / (predicted - 1)))
+        k = Correction(base, failed, ratio, needed)
+        if k.grows:
+            out.append(k)
+    return tuple(out)
 
 
 def _kept_in_place(

@@ -587,5 +587,14 @@ def _make_room(
             memory_mb=int(min(ps.memory_mb, mem_room)),
         )
         note += f"; {OVER_QUOTA}: PS growth capped to the room left"
-    # The cap never takes a PS below what it needs to hold its rows: that pod would die.
-    return workers, at_least_minimum(ps, "ps", ctx), note
+    # The cap never takes a PS below what it needs to hold its rows (that pod would die): the
+    # room for its footprint comes from the workers, down to min_workers, as for any growth.
+    floor = at_least_minimum(ps, "ps", ctx)
+    if floor == ps:
+        return workers, ps, note
+    refit = fit_to_quota(workers, floor, ctx, drop_ps=False, max_trim=0.0)
+    if refit.fits:
+        return refit.workers, refit.ps, note + (f"; {refit.note()}" if refit.cut else "")
+    # Not even min_workers beside the PS' footprint fit: the PS keep the room there is, within
+    # the quota, and die as they did; the runtime fails the job at its OOM limit, naming it.
+    return workers, ps, note + "; the PS' own footprint does not fit beside min_workers"

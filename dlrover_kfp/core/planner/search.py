@@ -97,6 +97,66 @@ class CpuBounds:
 
 
 @dataclass(frozen=True, slots=True)
+class Correction:
+    """What a failed move measured, laid over the model in the direction it moved.
+
+    A growth step from ``base`` to ``failed`` that measured less than the model predicts for
+    it shows where the model is wrong: the job's own contention, a noisy node, a cliff the
+    model's form cannot draw. Every configuration that goes further than ``base`` in *each*
+    dimension the failed step grew (more workers, more PS, more CPU per worker or per PS) is
+    predicted with the model's change from ``base`` scaled by what the step measured of it:
+
+        X'(c) = X̂(base) + ratio · (X̂(c) − X̂(base))   if c > base in every grown dimension
+        ratio = (g_m − 1) / (ĝ − 1),  clamped to [−1, 1]
+        g_m = X_m(failed) / X_m(base) (measured),  ĝ = X̂(failed) / X̂(base) (the model, ĝ > 1)
+
+    so X'(failed) reproduces the measurement, a step that lost (g_m < 1) makes every point
+    beyond it predicted below ``base``, and a point in that direction is a candidate again
+    only where the model's gain, scaled so, still clears ``needed`` (the step's threshold).
+    Another direction (more CPU where workers were added) keeps the model's word."""
+
+    base: Config
+    failed: Config
+    ratio: float
+    #: the gain over ``base`` a point in the direction must still promise, corrected
+    needed: float = 0.0
+
+    @property
+    def grows(self) -> bool:
+        """Whether the failed step grew any dimension (a give-back's failure says nothing of
+        growth, and is not laid over the model)."""
+        b, f = self.base, self.failed
+        return (
+            f.workers > b.workers
+            or f.ps > b.ps
+            or f.worker_cpu > b.worker_cpu + 1e-9
+            or f.ps_cpu > b.ps_cpu + 1e-9
+        )
+
+    def applies(self, c: Config) -> bool:
+        return bool(self._grown(c.workers, c.ps, c.worker_cpu, c.ps_cpu))
+
+    def _grown(self, w: object, p: object, lw: object, lp: object) -> object:
+        """``c > base`` in every dimension the failed step grew (numpy arrays or scalars)."""
+        b, f = self.base, self.failed
+        if f.workers > b.workers:  # the step bet on more workers: that is its direction
+            return self.grows & (w > b.workers)  # type: ignore[operator]
+        out: object = self.grows
+        for grew, now, was in (
+            (f.ps > b.ps, p, b.ps),
+            (f.worker_cpu > b.worker_cpu + 1e-9, lw, b.worker_cpu + 1e-9),
+            (f.ps_cpu > b.ps_cpu + 1e-9, lp, b.ps_cpu + 1e-9),
+        ):
+            if grew:
+                out = out & (now > was)  # type: ignore[operator]
+        return out
+
+    def corrected(self, x: float, x_base: float, c: Config) -> float:
+        """The model's rate ``x`` at ``c`` with this correction (``x_base``: at the base)."""
+        return x_base + self.ratio * (x - x_base) if self.applies(c) else x
+
+
+@dataclass(frozen=True, slots=True)
 class Candidate:
     config: Config
     worker_memory_mb: int
@@ -145,10 +205,13 @@ def search(
     cpu_limit: float | None = None,
     upper: Config | None = None,
     exclude: Collection[Config] = (),
+    corrections: Sequence[Correction] = (),
 ) -> SearchResult:
     """Best and target candidates over the whole feasible space (see module docstring).
 
     ``exclude`` removes configurations from the space (ones measurement already rejected).
+
+    ``corrections`` lay what failed moves measured over the model (:class:`Correction`).
 
     ``cpu_limit`` and ``upper`` narrow the space to a trust region without changing what a
     core costs: at most ``cpu_limit`` cores in all, and at most ``upper``'s counts and CPU per
@@ -182,6 +245,17 @@ def search(
         )
     w, p, lw, lp, ps_mem, cpu, mem = (a[feasible] for a in (w, p, lw, lp, ps_mem, cpu, mem))
     x = model.throughput_many(w, p, lw, lp, ctx.batch_size)
+    # A direction a failed step measured worse in (Correction) keeps only the points whose
+    # corrected rate still clears the correction's gain over its base. The others go before
+    # the usage floors below, which would otherwise keep exactly those (a lower rate needs
+    # fewer cores) and drop the rest of the space.
+    keep = np.ones_like(x, dtype=bool)
+    for k in corrections:
+        x_base = model.throughput(k.base, ctx.batch_size)
+        corrected = x_base + k.ratio * (x - x_base)
+        keep &= ~(np.asarray(k._grown(w, p, lw, lp)) & (corrected < (1 + k.needed) * x_base))
+    if keep.any():
+        w, p, lw, lp, ps_mem, cpu, mem, x = (a[keep] for a in (w, p, lw, lp, ps_mem, cpu, mem, x))
     # Usage floors (CpuBounds), role by role: n · λ >= c · X · (1 + headroom). A floor no
     # candidate meets is left out (the quota wins over usage; the plan says so by its rate).
     for role, per_sample in (
