@@ -46,6 +46,7 @@ from dlrover_kfp.training.data import RowRange
 from dlrover_kfp.training.master_protocol import (
     CONFIG,
     GET_SHARD,
+    LOADING,
     READY,
     REGISTER,
     REPORT,
@@ -188,6 +189,11 @@ class MasterState:
     #: per pod, its last two own usage reports: (master clock at arrival, cumulative CPU
     #: seconds, resident MiB, the pod's own clock at the reading)
     usage: dict[NodeId, list[tuple[float, float, float, float]]] = field(default_factory=dict)
+    #: per pod that said it is loading its code (its supervisor's report before torch loads:
+    #: training/node.py ``announce``), when (master clock); gone with its next report. A new
+    #: PS is judged frozen against a loading budget meanwhile, not the silence of a few
+    #: report intervals (runtime/ps_change.py)
+    loading: dict[NodeId, float] = field(default_factory=dict)
     #: PS of the set in use whose process's connection to the master dropped, by index: when
     #: (master clock) and the address it served at. A PS ends with that connection, so its
     #: process is gone (a crash, its pod's end, a stop); the elastic run's failure handling
@@ -228,6 +234,11 @@ class MasterState:
                 if a2 > a1:
                     out[key] = (max(0.0, (c2 - c1) / (a2 - a1)), rss)
         return out
+
+    def loading_since(self, node: NodeId) -> float | None:
+        """When (master clock) the pod said it is loading its code, if that was its last word."""
+        with self.lock:
+            return self.loading.get(node)
 
     def last_heard(self, node: NodeId) -> float | None:
         """When (master clock) the pod last reported its usage; None if it has not yet."""
@@ -548,6 +559,10 @@ class MasterService:
                 readings.clear()  # a new pod under the same name: its CPU time starts over
             readings.append(reading)
             del readings[:-2]
+            if meta.get(LOADING) is True:
+                self.state.loading[key] = now
+            else:
+                self.state.loading.pop(key, None)
         return Message("ok", {}, ())
 
     _handlers: ClassVar[dict[str, Callable[[MasterService, PeerInfo, dict[str, Any]], Message]]] = {

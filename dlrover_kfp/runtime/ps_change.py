@@ -66,12 +66,31 @@ PAUSE_SHARDS = 4
 #: the change does not wait for it. Two and a half report intervals leave room for one late
 #: report of a busy process, whose reporting thread needs the GIL only briefly.
 SILENT_S = 2.5 * USAGE_INTERVAL_S
-#: Seconds a new PS may run (its pod started, by the backend) without a first usage report
-#: before it is frozen. A pod reports before it loads torch (training/node.py main): ~0.25 s of
-#: CPU after the interpreter starts, 1 s in a quarter-core pod; five report intervals leave a
-#: contended node ten times that. A pod still scheduled or pulling its image is not running
-#: yet: the startup timeout (startup_timeout_s, 180 s) covers that.
+#: Seconds a new PS may run (its pod started, by the backend) without a first word before it
+#: is frozen. Its supervisor says it is loading before it loads the PS's code
+#: (training/node.py ``announce``): an interpreter and the node module, ~0.3 s of CPU, 1.2 s
+#: in a quarter-core pod; five report intervals leave a contended node eight times that. A pod
+#: still scheduled or pulling its image is not running yet: the startup timeout
+#: (startup_timeout_s, 180 s) covers that.
 FIRST_REPORT_S = 5 * USAGE_INTERVAL_S
+#: A loading PS (it said so, and nothing since) is frozen after :func:`load_budget_s`: the
+#: CPU seconds its code takes to load (torch and the PS: 1.4 s measured on this project's
+#: 2-vCPU VM, the supervisor's own log line says each pod's) times LOAD_MARGIN for a slower
+#: CPU, a cold page cache and a node whose quota is not all delivered, over the pod's cores;
+#: never under LOAD_MIN_S. A quarter-core PS gets 32 s, a half-core one 30 s, against the
+#: 10 s of silence that used to abandon the change (three runs here: quickstart, an Airflow
+#: day, the fake cluster).
+LOAD_CPU_S = 1.4
+LOAD_MARGIN = 6.0
+LOAD_MIN_S = 30.0
+
+
+def load_budget_s(cpu: float) -> float:
+    """Seconds a PS pod of ``cpu`` cores may take to load its code:
+    ``max(LOAD_MIN_S, LOAD_CPU_S · LOAD_MARGIN / cpu)``."""
+    return max(LOAD_MIN_S, LOAD_CPU_S * LOAD_MARGIN / max(cpu, 1e-3))
+
+
 #: Seconds a new PS may stay Pending with no node to place it on (its scheduler's
 #: ``Unschedulable`` message) before the change is abandoned. The scheduler tries again as
 #: pods end or go, and the pods a plan gives up for the change (its removed workers) are gone
@@ -408,20 +427,33 @@ class PsChange:
 
     def frozen(self, pods: Sequence[PodStatus]) -> tuple[str, str] | None:
         """A new PS that is frozen, and why: running (by the backend) for FIRST_REPORT_S
-        without a usage report, or silent for SILENT_S since its last one. Its reports come
-        from their own thread, started before anything slow (training/node.py), so neither a
-        PS loading torch nor one restoring a checkpoint is silent that long."""
+        without a word; loading its code (it said so, training/node.py ``announce``) for
+        longer than its :func:`load_budget_s`; or, once it runs, silent for SILENT_S since its
+        last usage report. A running PS reports from a thread of its own, so neither one
+        restoring a checkpoint nor one copying rows is silent that long; a slow load is waited
+        for, within its budget."""
         now = self.run.clock.monotonic()
         for pod in pods:
             if pod.phase is not PodPhase.RUNNING:
                 continue
             since = self.running_since.setdefault(pod.name, now)
-            heard = self.run.state.last_heard(NodeId("ps", pod.index, self.generation))
+            node = NodeId("ps", pod.index, self.generation)
+            heard = self.run.state.last_heard(node)
             if heard is None and now - since > FIRST_REPORT_S:
                 return pod.name, (
                     f"new PS {pod.name} frozen: no usage report within {now - since:.1f}s of "
                     "its start; killed, the old PS keep serving"
                 )
+            loading = self.run.state.loading_since(node)
+            if loading is not None:
+                budget = load_budget_s(self.target.cpu)
+                if now - loading > budget:
+                    return pod.name, (
+                        f"new PS {pod.name} frozen: still loading its code {now - loading:.1f}s "
+                        f"after it said so (budget {budget:.0f}s at {self.target.cpu:g} cpu); "
+                        "killed, the old PS keep serving"
+                    )
+                continue
             if heard is not None and now - heard > SILENT_S:
                 return pod.name, (
                     f"new PS {pod.name} frozen: no usage report for {now - heard:.1f}s; "

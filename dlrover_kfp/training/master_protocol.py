@@ -29,6 +29,10 @@ USAGE = "usage"
 #: Seconds between two ``usage`` reports of a pod. They come from a thread of their own, so a
 #: pod that stays silent for a few intervals is frozen (stopped, or its node gone), not busy.
 USAGE_INTERVAL_S = 2.0
+#: A ``usage`` report's meta key: true in the report a PS pod's supervisor sends before it
+#: loads the PS's code (torch: seconds of CPU, tens of seconds in a small pod on a busy node),
+#: during which the pod reports nothing else (training/node.py ``announce``).
+LOADING = "loading"
 
 #: In the answer to ``get_shard`` and ``report`` while the master changes the PS set (a live
 #: migration): ``{"switch": g}`` asks the worker to finish its step, wait for its pushes,
@@ -38,6 +42,7 @@ SWITCH = "switch"
 __all__ = [
     "CONFIG",
     "GET_SHARD",
+    "LOADING",
     "READY",
     "REGISTER",
     "REPORT",

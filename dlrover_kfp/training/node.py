@@ -37,6 +37,7 @@ from dlrover_kfp.training.cpu_limit import PodCpu, env_cpu
 from dlrover_kfp.training.master_protocol import (
     CONFIG,
     GET_SHARD,
+    LOADING,
     READY,
     REGISTER,
     REPORT,
@@ -697,6 +698,44 @@ def report_usage(
             conn.request(USAGE, {**meta, "cpu_seconds": cpu_seconds, "rss_mb": rss_mb})
             time.sleep(interval_s)
     except Exception:  # the master closed or restarted: the pod's main thread handles that
+        return
+    finally:
+        conn.close()
+
+
+#: How long :func:`announce` tries to reach the master: it must not hold the pod's start long.
+ANNOUNCE_RETRY_S = 5.0
+
+
+def announce(argv: Sequence[str]) -> None:
+    """The pod's first word to the master, before its code loads: one ``usage`` report that
+    says it is loading (:data:`~dlrover_kfp.training.master_protocol.LOADING`).
+
+    The PS pod's supervisor calls it (training/supervisor.py ``--fork``) before it imports the
+    PS's code: torch takes ~1.4 s of CPU here, 6 s in a quarter-core pod, several times that
+    on a busy node, and the pod says nothing else meanwhile (its usage reports start in the
+    forked PS). With this word the master knows the pod runs and is loading, and judges it
+    against a loading budget instead of calling it frozen (runtime/ps_change.py). Synchronous,
+    on a connection of its own that it closes: the supervisor forks later and must hold no
+    thread. Never fails the pod: a master it cannot reach is the PS's own business to report."""
+    try:
+        args = build_parser().parse_args(list(argv))
+        conn = connect(
+            args.master,
+            secret_from_env(),
+            retry_for=ANNOUNCE_RETRY_S,
+            refused_for=ANNOUNCE_RETRY_S,
+        )
+    except (Exception, SystemExit):  # bad arguments or no master: the PS will say so
+        return
+    try:
+        cpu_seconds, at, rss_mb = own_usage()
+        meta = {"role": args.role, "index": args.index, "generation": args.generation}
+        conn.request(
+            USAGE,
+            {**meta, "at": at, "cpu_seconds": cpu_seconds, "rss_mb": rss_mb, LOADING: True},
+        )
+    except Exception:  # the master went away: the PS's own start will find out
         return
     finally:
         conn.close()

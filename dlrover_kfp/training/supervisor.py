@@ -32,7 +32,9 @@ often it was restarted and why from :data:`RESTARTS_ENV` and :data:`CAUSE_ENV`.
 
 How the child starts (the zygote pattern). With ``--fork MODULE`` the supervisor imports
 MODULE (and each ``--preload`` module: the PS's torch and numpy) once, when the pod starts, and
-starts every child by ``os.fork()`` and ``MODULE.main(ARGS)`` in it: no new interpreter and no
+starts every child by ``os.fork()`` and ``MODULE.main(ARGS)`` in it (MODULE is imported first, and
+its ``announce(ARGS)``, if it has one, runs before the preloads: the PS's tells the master the
+pod is loading, before torch takes its seconds): no new interpreter and no
 second torch import. A PS restarted in its pod then serves again in the time its restore takes,
 not the ~3 s an interpreter and torch take to start at half a core. The first start is not
 slower (the import moves from the child to the supervisor, and one interpreter starts, not
@@ -256,6 +258,13 @@ def _run_forked(
 def forker(module: str, args: Sequence[str], preloaded: Sequence[str] = ()) -> Start:
     """Preload ``module`` and ``preloaded`` now; start each child by forking and calling
     ``module.main(args)``, or as ``python -m module args`` when a fork is unsafe then."""
+    # MODULE first (light: the PS's code loads with the preloads) so that it can say, before
+    # the slow imports, that the pod runs and is loading (``MODULE.announce(args)``, if it has
+    # one: training/node.py's tells the master). numpy's pool is held to one thread first.
+    os.environ.setdefault(_BLAS_THREADS_ENV, "1")
+    announce = getattr(importlib.import_module(module), "announce", None)
+    if announce is not None:
+        announce(list(args))
     took = preload([*preloaded, module])
     entry: Callable[[list[str]], int] = importlib.import_module(module).main
     _log(f"preloaded {', '.join([module, *preloaded])} in {took:.2f}s; children are forked")

@@ -15,6 +15,7 @@ Each measures the stall it bounds and prints it (``-s`` shows the figures).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -154,9 +155,12 @@ def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) ->
     seen: dict[str, float] = {}
 
     def freeze_the_new_ps(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
-        new = "frozen-ps-0-g1"
+        new, node = "frozen-ps-0-g1", NodeId("ps", 0, 1)
         assert _until(lambda: backend.pid_of(new) is not None)
-        assert _until(lambda: run.state.last_heard(NodeId("ps", 0, 1)) is not None)
+        # Past its loading (its supervisor's first word): a PS that runs, then freezes.
+        assert _until(
+            lambda: run.state.last_heard(node) is not None and run.state.loading_since(node) is None
+        )
         seen["frozen"] = _freeze(backend, new)
         assert _until(
             lambda: any(
@@ -177,6 +181,62 @@ def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) ->
     print(f"\nnew PS frozen during a PS change: the change abandoned after {took:.1f}s")
     assert took <= ps_change.SILENT_S + 2.0, seen
     assert took <= ps_change.FIRST_REPORT_S
+
+
+def _hot(threshold: float = 0.0) -> PlannerSettings:
+    """QUIET, with Stage 3 finding every PS hot: it moves PS 0 to a new pod of its size."""
+    return dataclasses.replace(
+        QUIET,
+        post_scale=dataclasses.replace(
+            QUIET.post_scale,
+            hot_ps_utilization=threshold,
+            hot_ps_cpu_growth=1.0,
+            hot_ps_peer_ratio=0.0,
+        ),
+    )
+
+
+#: How long the new PS is held while it loads its code: beyond the 10 s (FIRST_REPORT_S) of
+#: silence that abandoned such a change before its supervisor said it was loading.
+SLOW_LOAD_S = ps_change.FIRST_REPORT_S + 4.0
+
+
+# ~40 s on a 2-core machine (a PS change held 14 s while its PS loads): -m long.
+@pytest.mark.long
+@pytest.mark.timeout(SLOW_LOAD_S + 120)
+def test_a_new_ps_slow_to_load_is_waited_for_and_the_change_completes(tmp_path: Path) -> None:
+    """A busy node: the new PS pod's supervisor said it is loading, then gets no CPU for
+    SLOW_LOAD_S (SIGSTOP, then SIGCONT: a process its node does not schedule). The change
+    waits within the loading budget and switches; nothing is abandoned, every row trains once.
+    Before the supervisor's word, such a pod was frozen after FIRST_REPORT_S of silence."""
+    spec = _spec(
+        1_500_000, "{count: 1, cpu: 0.5, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
+    )
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    seen: dict[str, float] = {}
+
+    def hold_the_loading_ps(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
+        new, node = "frozen-ps-0-g1", NodeId("ps", 0, 1)
+        assert _until(lambda: run.state.loading_since(node) is not None)
+        pid = backend.pid_of(new)
+        assert pid is not None
+        seen["held"] = _freeze(backend, new)
+        time.sleep(SLOW_LOAD_S)
+        with contextlib.suppress(ProcessLookupError):  # killed meanwhile: the change gave up
+            os.killpg(pid, signal.SIGCONT)
+        seen["released"] = time.monotonic()
+
+    result = _run(spec, tmp_path, settings, during=hold_the_loading_ps, planner=_hot())
+    profile = result.profile
+    assert "released" in seen, "the new PS was never held while loading"
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    abandoned = [e for e in profile.events if "PS change abandoned" in e.detail]
+    assert not abandoned, abandoned
+    moves = [e for e in profile.events if e.kind == "migration" and "moved" in e.detail]
+    assert moves, profile.events
+    assert not [e for e in profile.events if e.kind == "failure"], profile.events
+    print(f"\nnew PS held {seen['released'] - seen['held']:.1f}s while loading: waited for")
 
 
 # 15-22 s on a 2-core machine: in the default suite.

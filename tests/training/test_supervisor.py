@@ -382,3 +382,45 @@ def test_bad_arguments_exit_2_with_the_usage(
 ) -> None:
     assert supervisor.main(args) == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_the_module_announces_the_pod_before_the_preloads_load(tmp_path: Path) -> None:
+    """``MODULE.announce(args)`` runs in the supervisor before any ``--preload`` module is
+    imported (the PS pod tells its master it is loading before torch loads: training/node.py),
+    leaves no thread behind (the child is still forked), and the child then starts as before."""
+    (tmp_path / "tiny_ps.py").write_text(
+        _MODULE
+        + """
+
+def announce(argv):
+    with open(LOG, "a") as f:
+        f.write(f"announce {os.getpid()} {'tiny_dep' in sys.modules} {' '.join(argv)}\\n")
+"""
+    )
+    (tmp_path / "tiny_dep.py").write_text(
+        "import os\nwith open(os.environ['SUPERVISED_LOG'], 'a') as f:\n"
+        "    f.write(f'dep {os.getpid()}\\n')\n"
+    )
+    log = tmp_path / "starts.log"
+    command = [
+        sys.executable, "-m", "dlrover_kfp.training.supervisor", "--fork", "tiny_ps",
+        "--preload", "tiny_dep", "--", "wait", str(supervisor.RESTART_EXIT),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        env=os.environ
+        | {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        | {"SUPERVISED_LOG": str(log)},
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        _started(log, 4)  # the module's import, its announce, the preload, the first start
+        lines = [line.split() for line in log.read_text().splitlines()]
+        assert [f[0] for f in lines[:3]] == ["import", "announce", "dep"], lines
+        assert lines[1][1:] == [str(proc.pid), "False", "wait", str(supervisor.RESTART_EXIT)]
+        assert lines[3][2] != str(proc.pid)  # forked: the announce left no thread running
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert "children are forked" in err.decode()

@@ -31,7 +31,7 @@ from dlrover_kfp.runtime.job import JobFailedError, JobRun
 from dlrover_kfp.runtime.master import MasterService
 from dlrover_kfp.runtime.options import RunOptions
 from dlrover_kfp.runtime.ps_change import PsChange, Step
-from dlrover_kfp.training.master_protocol import CONFIG, USAGE_INTERVAL_S
+from dlrover_kfp.training.master_protocol import CONFIG, LOADING, USAGE, USAGE_INTERVAL_S
 from dlrover_kfp.training.wire import Message, PeerInfo, Server
 from tests.factories import node_sample, runtime_sample
 from tests.fakes.clock import FakeClock
@@ -517,3 +517,37 @@ def test_a_refused_resize_replaces_the_worker_and_prices_later_changes_as_replac
     ]
     assert not run.policy.resize_in_place
     assert _requested(run, 1) == 2.0
+
+
+def _new_ps_running(change: PsChange) -> list[PodStatus]:
+    (pod,) = change.new_pods.values()
+    return [PodStatus(name=pod, role="ps", index=0, phase=PodPhase.RUNNING)]
+
+
+def test_a_new_ps_loading_its_code_is_waited_for_within_its_budget_then_frozen(
+    tmp_path: Path,
+) -> None:
+    """The new PS's supervisor said it is loading (training/node.py announce): its silence
+    after that is not frozen until the loading budget of its CPU has passed (24 s of silence,
+    more than the 10 s that used to abandon a change, is waited for); past the budget it is."""
+    run, service, _ = _run(tmp_path)
+    change = _change(run)
+    pods = _new_ps_running(change)
+    peer = PeerInfo(9, ("h", 9))
+    meta = {"role": "ps", "index": 0, "generation": change.generation}
+    service.handle(peer, Message(USAGE, {**meta, "cpu_seconds": 0.3, "rss_mb": 30.0,
+                                          LOADING: True}, ()))  # fmt: skip
+    assert change.frozen(pods) is None
+    budget = ps_change.load_budget_s(change.target.cpu)
+    assert budget >= ps_change.LOAD_MIN_S > ps_change.FIRST_REPORT_S
+    _clock(run).advance(budget - 1.0)
+    assert change.frozen(pods) is None  # loading, silent for budget - 1 s: waited for
+    _clock(run).advance(2.0)
+    frozen = change.frozen(pods)
+    assert frozen is not None and "still loading its code" in frozen[1], frozen
+    # Once it runs (its own reports), the silence of a few report intervals is frozen again.
+    service.handle(peer, Message(USAGE, {**meta, "cpu_seconds": 0.1, "rss_mb": 200.0}, ()))
+    assert change.frozen(pods) is None
+    _clock(run).advance(ps_change.SILENT_S + 0.5)
+    frozen = change.frozen(pods)
+    assert frozen is not None and "no usage report for" in frozen[1], frozen
