@@ -282,6 +282,15 @@ class ElasticPolicy:
             self._relaunch_worker(status.name, status.index, decision, t)
         self._handle_frozen_ps(t)
 
+    def handle_failed_workers(self, statuses: Sequence[PodStatus]) -> None:
+        """Failed worker pods seen while the master's loop is held (a PS change waiting on its
+        new PS or on the workers' pause, a resize): each is handled as the loop would have,
+        an event with its cause, counted against the relaunch budget, relaunched (a worker
+        relaunched during a change is told to wait and gets the new PS set after it). PS are
+        not handled here: a PS that fails mid-change is the loop's, after the change."""
+        t = self.run.t()
+        self.handle_failures([s for s in statuses if s.role == "worker"], t)
+
     def _decide_stop(self, status: PodStatus, t: float) -> Relaunch | NoRelaunch:
         """A failed pod's event (``oom`` or ``failure``, with the cause from its log) and the
         relaunch policy's decision; raises :class:`JobFailedError` when the job must stop."""
@@ -975,10 +984,33 @@ class ElasticPolicy:
         running, it is replaced as before: stopped, and started again at the new size. After
         a refusal the planner prices every CPU change as a replacement (``resize_in_place``)."""
         name = self.run.worker_name(index)
+        failed = [
+            s for s in self.run.backend.statuses() if s.name == name and s.phase is PodPhase.FAILED
+        ]
+        key = (name, failed[0].started_at) if failed else None
+        if key is not None and name not in self.run.stopping and key not in self._handled:
+            # It died before its resize (a PS change held the loop meanwhile): a failure with
+            # its cause, counted, and its relaunch at the new size; not a refused resize.
+            self._handled.add(key)
+            t = self.run.t()
+            decision = self._decide_stop(failed[0], t)
+            if not isinstance(decision, NoRelaunch):
+                grown = NodeGroup(
+                    count=1, cpu=group.cpu, memory_mb=max(group.memory_mb, decision.memory_mb)
+                )
+                self._relaunch_worker(
+                    name,
+                    index,
+                    dataclasses.replace(decision, cpu=grown.cpu, memory_mb=grown.memory_mb),
+                    t,
+                )
+                return
+        not_running = False
         try:
             outcome = self.run.backend.resize(name, group.cpu, group.memory_mb)
         except PodNotFoundError:
             outcome = ResizeOutcome(in_place=False, reason="not running")
+            not_running = True
         if outcome.in_place:
             launched = self.run.launched.get(name)
             if launched is not None:  # what its self-reported usage is requested against
@@ -987,7 +1019,8 @@ class ElasticPolicy:
                 )
             detail = f"{name} resized in place to {group.cpu:g} cpu in {outcome.seconds:.2f}s"
         else:
-            self.resize_in_place = False
+            # A pod not running (starting, just relaunched) says nothing of the backend.
+            self.resize_in_place = self.resize_in_place and not_running
             self.run.stop(name, "scale")
             self._launch_worker(index, group)
             detail = f"{name}: in-place resize refused ({outcome.reason}): replaced"
@@ -1055,6 +1088,7 @@ class ElasticPolicy:
             live=live,
             pause_timeout=pause_timeout_s(self._shard_s(self.run.samples[-5:])),
             slow={name for name, w in self._reassigned.items() if w == len(self._starts)},
+            on_failed_workers=self.handle_failed_workers,
         )
 
     def _join_retiring(self) -> None:

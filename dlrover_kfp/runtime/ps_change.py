@@ -181,8 +181,13 @@ class PsChange:
         live: bool,
         pause_timeout: float = PAUSE_TIMEOUT_S,
         slow: Collection[str] = (),
+        on_failed_workers: Callable[[Sequence[PodStatus]], None] | None = None,
     ) -> None:
         self.run = run
+        #: told of the worker pods seen failed while the change waits (the policy's failure
+        #: handling: an event, the relaunch budget, a relaunch): the change holds the master's
+        #: loop, and a worker that dies meanwhile must not go unseen
+        self.on_failed_workers = on_failed_workers
         self.target = target
         self.live = live
         self.pause_timeout = pause_timeout
@@ -391,7 +396,9 @@ class PsChange:
             with state.lock:
                 if done():
                     return None
-            statuses = [s for s in run.backend.statuses() if s.name in self.new_pods.values()]
+            every = run.backend.statuses()
+            self._watch_workers(every)
+            statuses = [s for s in every if s.name in self.new_pods.values()]
             failed = [s for s in statuses if s.phase.terminal]
             if failed:
                 return run.describe_failure(failed[0])
@@ -472,9 +479,11 @@ class PsChange:
         run, state = self.run, self.run.state
         deadline = run.clock.monotonic() + self.pause_timeout
         while True:
+            every = run.backend.statuses()
+            self._watch_workers(every)
             running = [
                 s
-                for s in run.backend.statuses()
+                for s in every
                 if s.role == "worker" and not s.phase.terminal and s.name not in run.stopping
             ]
             with state.lock:
@@ -488,6 +497,19 @@ class PsChange:
             if set(waiting) <= self.slow | silent.keys() or run.clock.monotonic() > deadline:
                 return {name: silent.get(name) for name in waiting}
             run.clock.sleep(_POLL_S)
+
+    def _watch_workers(self, statuses: Sequence[PodStatus]) -> None:
+        """Hand the worker pods that failed (and that the run did not stop) to
+        :attr:`on_failed_workers`; it remembers which it has handled."""
+        if self.on_failed_workers is None:
+            return
+        failed = [
+            s
+            for s in statuses
+            if s.role == "worker" and s.phase is PodPhase.FAILED and s.name not in self.run.stopping
+        ]
+        if failed:
+            self.on_failed_workers(failed)
 
     def _silent(self, pods: Sequence[PodStatus]) -> dict[str, float]:
         """The worker pods of ``pods`` that have not reported their usage for SILENT_S: how

@@ -239,6 +239,56 @@ def test_a_new_ps_slow_to_load_is_waited_for_and_the_change_completes(tmp_path: 
     print(f"\nnew PS held {seen['released'] - seen['held']:.1f}s while loading: waited for")
 
 
+# ~35 s on a 2-core machine: -m long.
+@pytest.mark.long
+@pytest.mark.timeout(180)
+def test_a_worker_killed_during_a_live_ps_change_is_a_counted_failure_and_relaunched(
+    tmp_path: Path,
+) -> None:
+    """A worker SIGKILLed while a live PS change waits on its new PS (held 6 s while it loads,
+    so that the kill lands inside the change): a failure event with its exit code, counted
+    against the relaunch budget, a relaunch, the change switched, every row trained once.
+    Before, the master's loop was held by the change and the next resize replaced the dead
+    pod ("in-place resize refused (not running)"): no failure, no relaunch, nothing counted."""
+    spec = _spec(
+        1_500_000, "{count: 2, cpu: 0.5, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
+    )
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
+    seen: dict[str, float] = {}
+
+    def kill_a_worker_in_the_change(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
+        new, node = "frozen-ps-0-g1", NodeId("ps", 0, 1)
+        assert _until(lambda: run.state.loading_since(node) is not None)
+        pid = backend.pid_of(new)
+        assert pid is not None
+        seen["held"] = _freeze(backend, new)
+        seen["start"] = run.start
+        worker = backend.pid_of("frozen-worker-0")
+        assert worker is not None
+        os.kill(worker, signal.SIGKILL)
+        seen["killed"] = time.monotonic()
+        time.sleep(6.0)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGCONT)
+        seen["released"] = time.monotonic()
+
+    result = _run(spec, tmp_path, settings, during=kill_a_worker_in_the_change, planner=_hot())
+    profile = result.profile
+    assert "released" in seen, "the change never started"
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    failures = [e for e in profile.events if e.kind == "failure"]
+    assert [e.node for e in failures] == ["frozen-worker-0"], profile.events
+    assert "137" in failures[0].detail or "SIGKILL" in failures[0].detail, failures[0].detail
+    relaunches = [e for e in profile.events if e.kind == "relaunch"]
+    assert [e.node for e in relaunches] == ["frozen-worker-0"], profile.events
+    # Seen while the change still waited on its held PS, not after it.
+    assert seen["start"] + relaunches[0].time < seen["released"], (relaunches, seen)
+    assert [e for e in profile.events if e.kind == "migration" and "moved" in e.detail]
+    assert not [e for e in profile.events if "abandoned" in e.detail], profile.events
+    print(f"\nworker killed in a PS change: {failures[0].detail}; {relaunches[0].detail}")
+
+
 # 15-22 s on a 2-core machine: in the default suite.
 @pytest.mark.timeout(liveness.DETECT_S + checkpoints.RPC_TIMEOUT_S + 60)
 def test_a_static_run_whose_ps_freezes_fails_and_its_cleanup_is_bounded(tmp_path: Path) -> None:
