@@ -23,7 +23,9 @@ from dlrover_kfp.core.planner import (
 from dlrover_kfp.core.planner.auto_scale import memory_needs
 from dlrover_kfp.core.planner.context import PlanningContext, clamp_worker_memory
 from dlrover_kfp.core.planner.search import CPU_LADDER
+from dlrover_kfp.core.planner.settings import NodeLimits
 from dlrover_kfp.core.profile import NodeSample, RuntimeSample
+from dlrover_kfp.core.reconcile import ChangeKind, plan_pods, reconcile
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.sim.workload import Truth
 
@@ -676,3 +678,44 @@ def test_a_direction_that_measured_worse_is_tried_at_most_once_more_and_the_run_
     assert runs[1].workers > 3, runs  # the model's first step: more workers
     assert len([c for c in runs if c.workers > 3]) <= 2, runs
     assert truth.throughput(runs[-1]) >= 0.97 * max(truth.throughput(c) for c in runs), runs
+
+
+def test_a_step_that_moves_the_ps_keeps_its_workers_resize_in_place() -> None:
+    """One worker at 0.25 core and 2 GiB using 300 MiB, its PS at 1 core: the step gives the
+    worker 0.5 core and the PS less. The PS moves (never in place); the worker's CPU change can
+    still be an in-place resize, and the measured memory's cut (2048 -> 512 MiB) would make it a
+    replacement: the worker keeps its memory. (An elastic run of one worker had its first step
+    replace worker 0 so.)"""
+    limits = PlannerSettings(node=NodeLimits(min_cpu=0.25, cpu_step=0.25, min_memory_mb=512))
+    ctx = context_from_spec(spec(4.0, max_workers=1, max_ps=1, quota_memory="8Gi"), limits)
+    current = ResourcePlan(
+        workers=NodeGroup(count=1, cpu=0.25, memory_mb=2048),
+        ps=NodeGroup(count=1, cpu=1.0, memory_mb=2048),
+        stage=Stage.MANUAL,
+        reason="the request",
+    )
+    truth = Truth(worker_threads=4.0, ps_cost=1e-6, compute=4e-5)
+    samples = [
+        dataclasses.replace(
+            s,
+            nodes=tuple(
+                dataclasses.replace(n, memory_used_mb=300) if n.role == "worker" else n
+                for n in s.nodes
+            ),
+        )
+        for s in truth.samples(current, 0.0, 12, random.Random(0))
+    ]
+    for resize_in_place, kept in ((True, True), (False, False)):
+        decision = auto_scale(
+            ctx, current, samples, samples[-1].time + 60, limits, resize_in_place=resize_in_place
+        )
+        assert decision.plan is not None and decision.plan.workers.cpu > 0.25, decision.reason
+        assert decision.plan.ps != current.ps  # the PS move, not in place
+        kinds = {
+            c.kind
+            for c in reconcile(plan_pods(current), decision.plan, math.inf, 1 << 62)
+            if c.kind in (ChangeKind.RESIZE_WORKER, ChangeKind.REMOVE_WORKER)
+        }
+        # In place where the backend resizes; a replacement (memory right-sized) where not.
+        assert kinds == ({ChangeKind.RESIZE_WORKER} if kept else {ChangeKind.REMOVE_WORKER})
+        assert (decision.plan.workers.memory_mb == 2048) is kept, decision.plan.workers

@@ -374,7 +374,7 @@ def auto_scale(
     kind: StepKind
     # The target's cost of change: an in-place resize of the workers, or a replacement.
     target_groups = _groups(target.config, memory, ctx, target.config, target.ps_memory_mb)
-    target_groups = _kept_in_place(current, target_groups, resize_in_place)
+    target_groups = _kept_in_place(current, target_groups, resize_in_place, ctx.quota_memory_mb)
     target_in_place = resize_in_place and in_place(current, _plan(current, target_groups))
     if gain >= 1 + _min_gain(s, target_in_place):
         step = target.config
@@ -408,7 +408,10 @@ def auto_scale(
             )
         step, why = give_back
     workers, ps = _kept_in_place(
-        current, _groups(step, memory, ctx, target.config, target.ps_memory_mb), resize_in_place
+        current,
+        _groups(step, memory, ctx, target.config, target.ps_memory_mb),
+        resize_in_place,
+        ctx.quota_memory_mb,
     )
     stepped = Config(workers.count, ps.count, workers.cpu, ps.cpu)
     # The promise a give-back is judged by: the gain the decision was made on.
@@ -451,7 +454,10 @@ def measured_corrections(
 
 
 def _kept_in_place(
-    current: ResourcePlan, groups: tuple[NodeGroup, NodeGroup], resize_in_place: bool
+    current: ResourcePlan,
+    groups: tuple[NodeGroup, NodeGroup],
+    resize_in_place: bool,
+    quota_memory_mb: int,
 ) -> tuple[NodeGroup, NodeGroup]:
     """``groups``, with the pods' memory kept where its right-sizing alone would turn an
     in-place step into a replacement. Growth steps carry memory right-sizing along because they
@@ -467,7 +473,18 @@ def _kept_in_place(
         for group, was in zip(groups, (current.workers, current.ps), strict=True)
     )
     kept_groups = (kept[0], kept[1])
-    return kept_groups if in_place(current, _plan(current, kept_groups)) else groups
+    if in_place(current, _plan(current, kept_groups)):
+        return kept_groups
+    # The step moves or adds PS (never in place), but its workers' part may still be: the same
+    # count at a new CPU is resized in place, unless a memory cut makes it a replacement. The
+    # workers keep their memory then, where the quota holds it.
+    workers, ps = groups
+    was = current.workers
+    if workers.count == was.count and workers.memory_mb < was.memory_mb:
+        held = (workers.count * was.memory_mb) + ps.total_memory_mb
+        if held <= quota_memory_mb:
+            return dataclasses.replace(workers, memory_mb=was.memory_mb), ps
+    return groups
 
 
 def _plan(current: ResourcePlan, groups: tuple[NodeGroup, NodeGroup]) -> ResourcePlan:
