@@ -759,8 +759,20 @@ class ElasticPolicy:
         self._apply(state, decision.plan)
         self._starts.append(len(self.run.samples))
         applied_at = self.run.clock.monotonic() - self.run.start
-        # What now runs (an abandoned PS change keeps the old PS).
-        self.plan = dataclasses.replace(decision.plan, workers=self.run.workers, ps=self.run.ps)
+        # What now runs (an abandoned PS change keeps the old PS), and the event says so: a
+        # step's record names the shape applied, not one that never ran.
+        applied = plan_config(
+            dataclasses.replace(decision.plan, workers=self.run.workers, ps=self.run.ps)
+        )
+        reason = decision.plan.reason
+        if applied != plan_config(decision.plan):
+            reason += (
+                f"; applied as {describe(applied)}: its PS part was abandoned (the failure"
+                " event says why)"
+            )
+        self.plan = dataclasses.replace(
+            decision.plan, workers=self.run.workers, ps=self.run.ps, reason=reason
+        )
         self.last_step = ScalingStep(
             time=applied_at,
             before=before,

@@ -21,6 +21,7 @@ from dlrover_kfp.core.documents import load_text, parse
 from dlrover_kfp.core.node_id import NodeId
 from dlrover_kfp.core.plan import ResourcePlan, Stage
 from dlrover_kfp.core.planner import PlannerSettings
+from dlrover_kfp.core.planner.auto_scale import AutoScaleDecision
 from dlrover_kfp.core.planner.relaunch import Relaunch
 from dlrover_kfp.core.profile import NodeSample, RuntimeSample
 from dlrover_kfp.core.spec import JobSpec
@@ -517,6 +518,58 @@ def test_a_refused_resize_replaces_the_worker_and_prices_later_changes_as_replac
     ]
     assert not run.policy.resize_in_place
     assert _requested(run, 1) == 2.0
+
+
+def test_a_worker_dead_before_its_resize_is_a_failure_relaunched_at_the_new_size(
+    tmp_path: Path,
+) -> None:
+    """Worker 1 failed while the loop was held (a PS change): the step's resize finds it dead.
+    That is a failure (its event, counted against the budget) and a relaunch at the new size,
+    not a refused resize, and it does not turn in-place resizing off for the run."""
+    run, _, pods = _run(tmp_path)
+    run.start = run.clock.monotonic()
+    pods.set_phase(run.worker_name(1), PodPhase.FAILED)
+    _cpu_to(run, 2.0)
+    name = run.worker_name(1)
+    kinds = [(e.kind, e.node) for e in run.events]
+    assert ("failure", name) in kinds and ("relaunch", name) in kinds, run.events
+    assert not any("refused" in e.detail for e in run.events), run.events
+    assert pods.pods[name].phase is PodPhase.RUNNING and pods.limits[name][0] == 2.0
+    assert run.policy.resize_in_place
+    assert run.policy._stops and run.policy._stops[-1].node == name  # counted
+
+
+def test_a_step_whose_ps_part_was_abandoned_names_the_shape_it_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stage 2 steps to one more worker and three PS; the new PS never say a word, so the PS
+    change is abandoned (its own failure event). The step's event and its applied plan name the
+    shape that runs, three workers and the old PS, not the one decided."""
+    run, _, _ = _run(tmp_path)
+    run.start = run.clock.monotonic()
+    workers = [node_sample(f"pause-worker-{k}", "worker", cpu_used=0.5, throughput=500.0)
+               for k in range(2)]  # fmt: skip
+    run.samples = [runtime_sample(float(t), workers, throughput=1000.0) for t in range(1, 6)]
+    decided = dataclasses.replace(
+        run.policy.plan,
+        workers=dataclasses.replace(run.workers, count=run.workers.count + 1),
+        ps=dataclasses.replace(run.ps, count=3),
+        stage=Stage.AUTO_SCALE,
+        reason="auto-scale 2w + 2ps -> 3w + 3ps: the test's step",
+        predicted_throughput=2000.0,
+    )
+    monkeypatch.setattr(
+        "dlrover_kfp.runtime.elastic.auto_scale",
+        lambda *a, **k: AutoScaleDecision(decided, "the test's step", kind="grow"),
+    )
+    monkeypatch.setattr("dlrover_kfp.runtime.elastic.post_scale", lambda *a, **k: None)
+    run.policy.decide(run.t())
+    abandoned = [e for e in run.events if e.detail.startswith("PS change abandoned")]
+    assert abandoned, run.events
+    [scale] = [e for e in run.events if e.kind == "scale" and e.node is None]
+    assert "applied as 3w x 0.5cpu + 2ps x 0.5cpu" in scale.detail, scale.detail
+    assert (run.policy.plans[-1].workers.count, run.policy.plans[-1].ps.count) == (3, 2)
+    assert run.policy.plans[-1].reason == scale.detail
 
 
 def _new_ps_running(change: PsChange) -> list[PodStatus]:
