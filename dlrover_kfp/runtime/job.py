@@ -18,8 +18,8 @@ import logging
 import math
 import secrets
 import shutil
-from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
@@ -60,7 +60,13 @@ from dlrover_kfp.runtime.export import (
     held_out_record,
     preload_in_background,
 )
-from dlrover_kfp.runtime.liveness import FrozenPs, PsWatch, WatchedPs
+from dlrover_kfp.runtime.liveness import (
+    START_SILENT_S,
+    FrozenPs,
+    PsWatch,
+    WatchedPs,
+    starting_ps_frozen,
+)
 from dlrover_kfp.runtime.master import MasterService, MasterState
 from dlrover_kfp.runtime.metrics import serve_metrics
 from dlrover_kfp.runtime.options import RunOptions, RunSettings
@@ -888,9 +894,13 @@ class JobRun(Generic[P]):
         in its first request to the master. Waiting for the PS pods to run, not only to be
         created, keeps their place ahead of the workers on a cluster short of room.
 
-        A PS that fails here goes to :meth:`_start_failed`; a worker that fails here is left
-        to the training loop's failure handling, as one failing later would be."""
+        A PS that fails here goes to :meth:`_start_failed`, and so does one that froze before
+        it serves (liveness.starting_ps_frozen, the rule a PS change judges its new PS by:
+        silent, or loading past its budget): it is killed and relaunched as a failed one is,
+        instead of the job waiting out its start-up timeout and failing. A worker that fails
+        here is left to the training loop's failure handling, as one failing later would be."""
         launched = False
+        running_since: dict[str, float] = {}
         while True:
             self.forward_events()
             statuses = self.backend.statuses()
@@ -903,7 +913,7 @@ class JobRun(Generic[P]):
                 launched = True
             if registered:
                 return
-            failed = self.failed(ps)
+            failed = self.failed(ps) or self._frozen_at_start(state, ps, running_since)
             if failed is not None:
                 self.policy.start_failed(failed)
                 start = self.clock.monotonic()  # a relaunched PS gets the whole start-up time again
@@ -918,6 +928,40 @@ class JobRun(Generic[P]):
                     f"the PS did not start within {self.settings.startup_timeout_s:.0f}s{unplaced}"
                 )
             self.clock.sleep(0.05)
+
+    def _frozen_at_start(
+        self, state: MasterState, ps: Sequence[PodStatus], running_since: dict[str, float]
+    ) -> PodStatus | None:
+        """A PS pod that runs, has not registered, and is frozen by
+        :func:`~dlrover_kfp.runtime.liveness.starting_ps_frozen`: killed (a frozen process
+        ignores SIGTERM), and returned as a failed pod whose message says why."""
+        now = self.clock.monotonic()
+        with state.lock:
+            serving = set(state.ps_addresses)
+            generation = state.generation
+        for pod in ps:
+            if pod.phase is not PodPhase.RUNNING or pod.index in serving:
+                continue
+            key = f"{pod.name}@{pod.started_at}"
+            since = running_since.setdefault(key, now)
+            node = NodeId("ps", pod.index, generation)
+            why = starting_ps_frozen(
+                now=now,
+                running_since=since,
+                heard=state.last_heard(node),
+                loading=state.loading_since(node),
+                cpu=self.ps.cpu,
+                silent_s=START_SILENT_S,
+            )
+            if why is None:
+                continue
+            self.backend.delete(pod.name, grace_s=0.0)
+            with state.lock:  # its relaunch is judged on its own words, not these
+                state.usage.pop(node, None)
+                state.loading.pop(node, None)
+            why = f"frozen before it served: {why}"
+            return replace(pod, phase=PodPhase.FAILED, reason="Error", message=why)
+        return None
 
     def _wait_for_exit(self, timeout_s: float) -> None:
         """Let the pods finish on their own (the PS exit after ``shutdown``) before cleanup."""

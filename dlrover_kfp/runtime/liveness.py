@@ -40,6 +40,70 @@ PROBE_TIMEOUT_S = 2 * USAGE_INTERVAL_S
 DETECT_S = SILENT_S + PROBE_TIMEOUT_S
 
 
+# -- a PS that has started but does not serve yet -----------------------------------------------
+
+#: Seconds a starting PS (a new PS of a change, or one of the job's start) may run (its pod
+#: started, by the backend) without a first word before it is frozen. Its supervisor says it
+#: is loading before it loads the PS's code (training/node.py ``announce``): an interpreter
+#: and the node module, ~0.3 s of CPU, 1.2 s in a quarter-core pod; five report intervals leave
+#: a contended node eight times that. A pod still scheduled or pulling its image is not
+#: running yet: the startup timeout
+#: (startup_timeout_s, 180 s) covers that.
+FIRST_REPORT_S = 5 * USAGE_INTERVAL_S
+#: A loading PS (it said so, and nothing since) is frozen after :func:`load_budget_s`: the
+#: CPU seconds its code takes to load (torch and the PS: 1.4 s measured on this project's
+#: 2-vCPU VM, the supervisor's own log line says each pod's) times LOAD_MARGIN for a slower
+#: CPU, a cold page cache and a node whose quota is not all delivered, over the pod's cores;
+#: never under LOAD_MIN_S. A quarter-core PS gets 32 s, a half-core one 30 s, against the
+#: 10 s of silence that used to abandon the change (three runs here: quickstart, an Airflow
+#: day, the fake cluster).
+LOAD_CPU_S = 1.4
+LOAD_MARGIN = 6.0
+LOAD_MIN_S = 30.0
+
+
+def load_budget_s(cpu: float) -> float:
+    """Seconds a PS pod of ``cpu`` cores may take to load its code:
+    ``max(LOAD_MIN_S, LOAD_CPU_S · LOAD_MARGIN / cpu)``."""
+    return max(LOAD_MIN_S, LOAD_CPU_S * LOAD_MARGIN / max(cpu, 1e-3))
+
+
+#: Seconds a starting PS that has loaded its code (its own reports run) may stay silent
+#: before it is frozen: two and a half report intervals, one late report of a busy process.
+START_SILENT_S = 2.5 * USAGE_INTERVAL_S
+
+
+def starting_ps_frozen(
+    *,
+    now: float,
+    running_since: float,
+    heard: float | None,
+    loading: float | None,
+    cpu: float,
+    silent_s: float,
+) -> str | None:
+    """Why a PS pod that runs but does not serve yet (a new PS of a change, a PS of the job's
+    start) is frozen, or None: no word for FIRST_REPORT_S since it ran; loading its code (it
+    said so) for more than :func:`load_budget_s` of ``cpu``; or, its code loaded, no usage
+    report for ``silent_s``. Times are the master's clock. The one rule for both waits
+    (runtime/ps_change.py, runtime/job.py ``wait_for_ps``)."""
+    if heard is None:
+        if now - running_since > FIRST_REPORT_S:
+            return f"no usage report within {now - running_since:.1f}s of its start"
+        return None
+    if loading is not None:
+        budget = load_budget_s(cpu)
+        if now - loading > budget:
+            return (
+                f"still loading its code {now - loading:.1f}s after it said so (budget "
+                f"{budget:.0f}s at {cpu:g} cpu)"
+            )
+        return None
+    if now - heard > silent_s:
+        return f"no usage report for {now - heard:.1f}s"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class WatchedPs:
     """A PS of the job as the watch sees it: its index, its generation (the key of its usage
@@ -126,4 +190,19 @@ class PsWatch:
         return None
 
 
-__all__ = ["DETECT_S", "PROBE_TIMEOUT_S", "SILENT_S", "FrozenPs", "PsWatch", "WatchedPs", "probe"]
+__all__ = [
+    "DETECT_S",
+    "FIRST_REPORT_S",
+    "LOAD_CPU_S",
+    "LOAD_MARGIN",
+    "LOAD_MIN_S",
+    "PROBE_TIMEOUT_S",
+    "SILENT_S",
+    "START_SILENT_S",
+    "FrozenPs",
+    "PsWatch",
+    "WatchedPs",
+    "load_budget_s",
+    "probe",
+    "starting_ps_frozen",
+]

@@ -50,6 +50,10 @@ from dlrover_kfp.errors import DlroverKfpError, PermanentError, TransientError
 from dlrover_kfp.ports import PodPhase, PodStatus
 from dlrover_kfp.runtime.checkpoints import CheckpointCoordinator
 from dlrover_kfp.runtime.job import JobFailedError, JobRun
+from dlrover_kfp.runtime.liveness import (
+    FIRST_REPORT_S,
+    starting_ps_frozen,
+)
 from dlrover_kfp.runtime.master import PsSwitch
 from dlrover_kfp.training import transfer_protocol as transfer
 from dlrover_kfp.training.master_protocol import USAGE_INTERVAL_S
@@ -66,29 +70,6 @@ PAUSE_SHARDS = 4
 #: the change does not wait for it. Two and a half report intervals leave room for one late
 #: report of a busy process, whose reporting thread needs the GIL only briefly.
 SILENT_S = 2.5 * USAGE_INTERVAL_S
-#: Seconds a new PS may run (its pod started, by the backend) without a first word before it
-#: is frozen. Its supervisor says it is loading before it loads the PS's code
-#: (training/node.py ``announce``): an interpreter and the node module, ~0.3 s of CPU, 1.2 s
-#: in a quarter-core pod; five report intervals leave a contended node eight times that. A pod
-#: still scheduled or pulling its image is not running yet: the startup timeout
-#: (startup_timeout_s, 180 s) covers that.
-FIRST_REPORT_S = 5 * USAGE_INTERVAL_S
-#: A loading PS (it said so, and nothing since) is frozen after :func:`load_budget_s`: the
-#: CPU seconds its code takes to load (torch and the PS: 1.4 s measured on this project's
-#: 2-vCPU VM, the supervisor's own log line says each pod's) times LOAD_MARGIN for a slower
-#: CPU, a cold page cache and a node whose quota is not all delivered, over the pod's cores;
-#: never under LOAD_MIN_S. A quarter-core PS gets 32 s, a half-core one 30 s, against the
-#: 10 s of silence that used to abandon the change (three runs here: quickstart, an Airflow
-#: day, the fake cluster).
-LOAD_CPU_S = 1.4
-LOAD_MARGIN = 6.0
-LOAD_MIN_S = 30.0
-
-
-def load_budget_s(cpu: float) -> float:
-    """Seconds a PS pod of ``cpu`` cores may take to load its code:
-    ``max(LOAD_MIN_S, LOAD_CPU_S · LOAD_MARGIN / cpu)``."""
-    return max(LOAD_MIN_S, LOAD_CPU_S * LOAD_MARGIN / max(cpu, 1e-3))
 
 
 #: Seconds a new PS may stay Pending with no node to place it on (its scheduler's
@@ -445,27 +426,16 @@ class PsChange:
                 continue
             since = self.running_since.setdefault(pod.name, now)
             node = NodeId("ps", pod.index, self.generation)
-            heard = self.run.state.last_heard(node)
-            if heard is None and now - since > FIRST_REPORT_S:
-                return pod.name, (
-                    f"new PS {pod.name} frozen: no usage report within {now - since:.1f}s of "
-                    "its start; killed, the old PS keep serving"
-                )
-            loading = self.run.state.loading_since(node)
-            if loading is not None:
-                budget = load_budget_s(self.target.cpu)
-                if now - loading > budget:
-                    return pod.name, (
-                        f"new PS {pod.name} frozen: still loading its code {now - loading:.1f}s "
-                        f"after it said so (budget {budget:.0f}s at {self.target.cpu:g} cpu); "
-                        "killed, the old PS keep serving"
-                    )
-                continue
-            if heard is not None and now - heard > SILENT_S:
-                return pod.name, (
-                    f"new PS {pod.name} frozen: no usage report for {now - heard:.1f}s; "
-                    "killed, the old PS keep serving"
-                )
+            why = starting_ps_frozen(
+                now=now,
+                running_since=since,
+                heard=self.run.state.last_heard(node),
+                loading=self.run.state.loading_since(node),
+                cpu=self.target.cpu,
+                silent_s=SILENT_S,
+            )
+            if why is not None:
+                return pod.name, f"new PS {pod.name} frozen: {why}; killed, the old PS keep serving"
         return None
 
     def await_pause(self) -> dict[str, float | None]:

@@ -6,7 +6,7 @@ answer (liveness.PROBE_TIMEOUT_S), within liveness.DETECT_S of its freezing, and
 
 * an elastic run kills it and rolls the job back to its last checkpoint, as for a dead PS;
 * a PS change whose new PS freezes is abandoned (the old PS keep serving) within
-  ps_change.FIRST_REPORT_S of the new pod's start or ps_change.SILENT_S of its freezing;
+  liveness.FIRST_REPORT_S of the new pod's start or ps_change.SILENT_S of its freezing;
 * a static run fails, and its cleanup waits on no PS longer than one request may take
   (checkpoints.RPC_TIMEOUT_S), the frozen PS having been killed.
 
@@ -134,7 +134,7 @@ def test_a_frozen_ps_is_killed_and_the_job_rolls_back_to_its_checkpoint(tmp_path
 
 # ~30 s on a 2-core machine (a PS change abandoned, then one done): -m long.
 @pytest.mark.long
-@pytest.mark.timeout(ps_change.FIRST_REPORT_S + 120)
+@pytest.mark.timeout(liveness.FIRST_REPORT_S + 120)
 def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) -> None:
     """Stage 3 finds the PS hot (threshold 0) and moves it to a new pod; that pod freezes
     after its first usage report. The change is abandoned, the old PS serves on, and a later
@@ -180,7 +180,7 @@ def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) ->
     took = seen["abandoned"] - seen["frozen"]
     print(f"\nnew PS frozen during a PS change: the change abandoned after {took:.1f}s")
     assert took <= ps_change.SILENT_S + 2.0, seen
-    assert took <= ps_change.FIRST_REPORT_S
+    assert took <= liveness.FIRST_REPORT_S
 
 
 def _hot(threshold: float = 0.0) -> PlannerSettings:
@@ -198,7 +198,7 @@ def _hot(threshold: float = 0.0) -> PlannerSettings:
 
 #: How long the new PS is held while it loads its code: beyond the 10 s (FIRST_REPORT_S) of
 #: silence that abandoned such a change before its supervisor said it was loading.
-SLOW_LOAD_S = ps_change.FIRST_REPORT_S + 4.0
+SLOW_LOAD_S = liveness.FIRST_REPORT_S + 4.0
 
 
 # ~40 s on a 2-core machine (a PS change held 14 s while its PS loads): -m long.
@@ -287,6 +287,38 @@ def test_a_worker_killed_during_a_live_ps_change_is_a_counted_failure_and_relaun
     assert [e for e in profile.events if e.kind == "migration" and "moved" in e.detail]
     assert not [e for e in profile.events if "abandoned" in e.detail], profile.events
     print(f"\nworker killed in a PS change: {failures[0].detail}; {relaunches[0].detail}")
+
+
+# ~60 s on a 2-core machine (a PS frozen for its whole loading budget, 30 s): -m long.
+@pytest.mark.long
+@pytest.mark.timeout(liveness.LOAD_MIN_S + 150)
+def test_a_ps_frozen_before_it_serves_is_relaunched_and_the_job_trains_every_row(
+    tmp_path: Path,
+) -> None:
+    """PS 1 of the job's start freezes while it loads its code (SIGSTOP after its supervisor
+    said it is loading): past its loading budget it is killed and relaunched, a failure
+    counted against the budget, and the job trains every row once. Before, nothing judged a
+    PS that had not registered: the job waited out startup_timeout_s (180 s) and failed ("the
+    PS did not start within 180s", 0 samples)."""
+    spec = _spec(400_000, "{count: 1, cpu: 0.5, memory: 2Gi}", "{count: 2, cpu: 0.5, memory: 2Gi}")
+    settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=CHECKPOINT_S)
+    seen: dict[str, float] = {}
+
+    def freeze_a_loading_ps(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
+        assert _until(lambda: run.state.loading_since(NodeId("ps", 1, 0)) is not None)
+        seen["frozen"] = _freeze(backend, "frozen-ps-1")
+
+    result = _run(spec, tmp_path, settings, during=freeze_a_loading_ps, planner=QUIET)
+    profile = result.profile
+    assert "frozen" in seen, "the PS was never frozen"
+    assert result.succeeded, profile.outcome.reason
+    assert profile.outcome.samples_processed == _trained_rows(spec, settings)
+    failures = [e for e in profile.events if e.kind == "failure"]
+    assert [e.node for e in failures] == ["frozen-ps-1"], profile.events
+    assert "frozen before it served: still loading its code" in failures[0].detail
+    relaunches = [e for e in profile.events if e.kind == "relaunch"]
+    assert [e.node for e in relaunches] == ["frozen-ps-1"], profile.events
+    print(f"\nPS frozen while loading: {failures[0].detail}")
 
 
 # 15-22 s on a 2-core machine: in the default suite.

@@ -399,7 +399,7 @@ def test_a_new_ps_running_without_a_first_report_is_frozen_a_pending_one_is_not(
     change = _change(run)
     new = _new_ps(run, pods)
     assert change.frozen(new) is None
-    change.running_since["pause-ps-0-g1"] -= ps_change.FIRST_REPORT_S + 1.0
+    change.running_since["pause-ps-0-g1"] -= liveness.FIRST_REPORT_S + 1.0
     frozen = change.frozen(new)
     assert frozen is not None and "no usage report within" in frozen[1]
     pending = [dataclasses.replace(s, phase=PodPhase.PENDING) for s in new]
@@ -591,8 +591,8 @@ def test_a_new_ps_loading_its_code_is_waited_for_within_its_budget_then_frozen(
     service.handle(peer, Message(USAGE, {**meta, "cpu_seconds": 0.3, "rss_mb": 30.0,
                                           LOADING: True}, ()))  # fmt: skip
     assert change.frozen(pods) is None
-    budget = ps_change.load_budget_s(change.target.cpu)
-    assert budget >= ps_change.LOAD_MIN_S > ps_change.FIRST_REPORT_S
+    budget = liveness.load_budget_s(change.target.cpu)
+    assert budget >= liveness.LOAD_MIN_S > liveness.FIRST_REPORT_S
     _clock(run).advance(budget - 1.0)
     assert change.frozen(pods) is None  # loading, silent for budget - 1 s: waited for
     _clock(run).advance(2.0)
