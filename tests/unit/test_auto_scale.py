@@ -719,3 +719,35 @@ def test_a_step_that_moves_the_ps_keeps_its_workers_resize_in_place() -> None:
         # In place where the backend resizes; a replacement (memory right-sized) where not.
         assert kinds == ({ChangeKind.RESIZE_WORKER} if kept else {ChangeKind.REMOVE_WORKER})
         assert (decision.plan.workers.memory_mb == 2048) is kept, decision.plan.workers
+
+
+def _at(plan_: ResourcePlan, t0: float, n: int, rate: float) -> list[RuntimeSample]:
+    """n samples of ``plan_`` measuring ``rate`` samples/s."""
+    truth = Truth(worker_threads=2.0, ps_cost=5e-6, compute=4e-5)
+    return [
+        dataclasses.replace(x, throughput=rate * (1 + 0.01 * (i % 3 - 1)))
+        for i, x in enumerate(truth.samples(plan_, t0, n, random.Random(0)))
+    ]
+
+
+@pytest.mark.parametrize("cheaper", [False, True])
+def test_a_run_does_not_stay_on_a_plan_measured_slower_than_one_it_left(cheaper: bool) -> None:
+    """The run left 3 workers (20,000 samples/s measured) for 5 workers and 2 PS, which
+    measure 6,000 (no step on record to judge: a resumed master, a step taken as a repair).
+    It goes back to the faster shape, which costs less: a rollback, whatever the model says.
+    A shape left for a cheaper one is the objective's trade and stays, unless it is also
+    slower by min_gain at no more cost, which the cheaper case's rates are not."""
+    ctx = context_from_spec(spec(8.0, max_workers=8, max_ps=3), _DEFAULTS)
+    fast = plan(3, 0.5, 1, 0.25)
+    slow = plan(5, 0.5, 2, 0.5) if not cheaper else plan(2, 0.5, 1, 0.25)
+    rate_slow = 6_000.0 if not cheaper else 19_000.0
+    n = _DEFAULTS.auto_scale.min_samples
+    samples = _at(fast, 0.0, n, 20_000.0) + _at(slow, 30.0 * n + 60, n, rate_slow)
+    now = samples[-1].time + _DEFAULTS.auto_scale.min_interval_s
+    decision = auto_scale(ctx, slow, samples, now, _DEFAULTS)
+    if cheaper:
+        assert decision.plan is None or decision.kind != "rollback", decision.reason
+    else:
+        assert decision.plan is not None and decision.kind == "rollback", decision.reason
+        assert config(decision.plan) == config(fast), decision.plan
+        assert "back to 3w x 0.5cpu + 1ps x 0.25cpu: measured 19960" in decision.plan.reason

@@ -316,6 +316,11 @@ def auto_scale(
             )
 
     own_observations = observations_from_samples(samples, ctx.batch_size)
+    better = _measured_better(ctx, current, own_observations, measured, memory, samples, s)
+    if better is not None and better.plan is not None:
+        return dataclasses.replace(
+            better, in_place=resize_in_place and in_place(current, better.plan)
+        )
     observations = (*known, *own_observations)
     worker_cap, ps_cap = cpu_saturation(observations, s.min_gain / 2)
     model = fit(
@@ -426,6 +431,56 @@ def auto_scale(
     return AutoScaleDecision(
         plan, why, model, kind=kind, in_place=resize_in_place and in_place(current, plan)
     )
+
+
+def _measured_better(
+    ctx: PlanningContext,
+    current: ResourcePlan,
+    own: Sequence[Observation],
+    measured: float,
+    memory: MemoryNeeds,
+    samples: Sequence[RuntimeSample],
+    s: AutoScaleSettings,
+) -> AutoScaleDecision | None:
+    """Back to a shape this run left and measured faster, at no more cost, if there is one:
+    a run does not stay (or end) on a plan measured slower than one it left. The measurement
+    wins over the model here: ``X_m(c) >= (1 + min_gain) · X_m(now)`` and ``cost(c) <=
+    cost(now)``, with the memory each pod needs now, within the quota. Taken as a rollback
+    (never undone; the shape left is abandoned, so noise that made the shape left look slow
+    costs one such move, not a flip-flop)."""
+    cur = plan_config(current)
+    abandoned = abandoned_configs(samples)
+    cur_cost = ctx.dominant_share(current.total_cpu, current.total_memory_mb)
+    best: tuple[float, Config, NodeGroup, NodeGroup] | None = None
+    for o in own:
+        c = o.config
+        if c == cur or c in abandoned or o.throughput < (1 + s.min_gain) * measured:
+            continue
+        if not _fits(c, memory, ctx):
+            continue
+        workers, ps = _groups(c, memory, ctx, c, memory.ps_mb(c.ps))
+        cost = ctx.dominant_share(
+            workers.total_cpu + ps.total_cpu, workers.total_memory_mb + ps.total_memory_mb
+        )
+        if cost > cur_cost + 1e-9:
+            continue
+        if best is None or o.throughput > best[0]:
+            best = (o.throughput, c, workers, ps)
+    if best is None:
+        return None
+    rate, c, workers, ps = best
+    why = (
+        f"back to {describe(c)}: measured {rate:.0f} samples/s there against {measured:.0f} "
+        "now, at no more cost"
+    )
+    plan = ResourcePlan(
+        workers=workers,
+        ps=ps,
+        stage=Stage.AUTO_SCALE,
+        reason=f"rollback: {why}",
+        predicted_throughput=round(rate, 1),
+    )
+    return AutoScaleDecision(plan, "rollback", kind="rollback")
 
 
 def measured_corrections(
