@@ -162,6 +162,10 @@ def test_a_ps_no_node_has_room_for_fails_the_start_saying_why(run: Run) -> None:
     for k in range(2):
         run.launch(NodeId("ps", k), run.ps)
     pods.set_phase("pause-ps-1", PodPhase.PENDING, WHY)
+    # PS 0 runs and reports its usage, as a running PS does (one silent for long would be
+    # frozen and relaunched: liveness.starting_ps_frozen).
+    ps0 = NodeId("ps", 0, run.state.generation)
+    clock.world.append(lambda now: run.state.usage.__setitem__(ps0, [(now, 1.0, 100.0, now)]))
     started = clock.monotonic()
     with pytest.raises(JobFailedError) as failed:
         run.wait_for_ps(run.state, started, lambda: None)
