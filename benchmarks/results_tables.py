@@ -2,9 +2,10 @@
 
     python benchmarks/results_tables.py DIR [DIR ...]
 
-Each DIR holds one run's ``results.json`` (one family, one quota regime, one relaunch cost,
-several seeds). Prints, per DIR, the policies' table (mean over seeds, min-max in brackets)
-and the line of dlrover-kfp against manual that docs/results.md's targets read.
+Each DIR holds one run's ``results.json`` (one family, one quota regime, one relaunch cost
+and one price of a PS-changing resize, several seeds). Prints, per DIR, the policies' table
+(mean over seeds, min-max in brackets) and the line of dlrover-kfp against manual that
+docs/results.md's targets read.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ ROWS = (
     ("self_inflicted_ooms", "self-inflicted OOM kills", "count"),
     ("infeasible_jobs", "jobs whose plan did not fit the quota", "count"),
     ("warm_started", "warm-started jobs", "count"),
+    ("resizes", "resizes", "count"),
+    ("ps_resizes", "resizes that changed the PS", "count"),
     ("plan_vs_oracle_final", "final plan's throughput / oracle's best", "ratio"),
     ("plan_vs_oracle_timed", "time-weighted plan throughput / oracle's best", "ratio"),
 )
@@ -58,6 +61,8 @@ def table(results: dict[str, Any]) -> str:
         "|---|" + "---|" * len(policies),
     ]
     for key, label, how in ROWS:
+        if any(key not in results["policies"][p] for p in policies):
+            continue  # a results.json from before the metric was counted
         cells = [_cell(results["policies"][p][key], how) for p in policies]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -87,13 +92,19 @@ def main() -> None:
         parser.error(f"no results.json in {', '.join(missing)} (a `dlrover-kfp simulate` output)")
     for d in args.dirs:
         results = json.loads((d / "results.json").read_text())
-        relaunch = results["faults"].get("relaunch_s")
+        faults = results["faults"]
+        relaunch = faults.get("relaunch_s")
+        ps_resize = faults.get("ps_resize_s", faults.get("elastic_resize_s"))
         print(
             f"### {results['source']}, quota {results['quota']}, relaunch {relaunch:g} s, "
-            f"seeds {', '.join(map(str, results['seeds']))}\n"
+            f"PS-changing resize {ps_resize:g} s, seeds {', '.join(map(str, results['seeds']))}\n"
         )
         print(table(results))
-        print(f"\n{against_manual(results)}\n")
+        print(f"\n{against_manual(results)}")
+        for policy in results["policies"]:
+            if policy.startswith("oracle-"):
+                print(against_manual(results, policy))
+        print()
 
 
 if __name__ == "__main__":

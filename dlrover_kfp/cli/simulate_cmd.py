@@ -14,7 +14,12 @@ from dlrover_kfp.cli.progress import TerminalProgress
 from dlrover_kfp.core.planner.settings import AutoScaleSettings, PlannerSettings
 from dlrover_kfp.errors import UserInputError
 from dlrover_kfp.files import write_atomic
-from dlrover_kfp.sim.cluster.engine import ClusterSettings, FaultSettings
+from dlrover_kfp.sim.cluster.engine import (
+    CLUSTER_POD_START_S,
+    LIVE_PS_MOVE_PAUSE_S,
+    ClusterSettings,
+    FaultSettings,
+)
 from dlrover_kfp.sim.cluster.results import aggregate, format_table
 from dlrover_kfp.sim.cluster.runner import Comparison, compare, parse_policies
 from dlrover_kfp.sim.cluster.trace import (
@@ -91,6 +96,17 @@ def register(sub: Any) -> None:
         metavar="S",
         help="seconds a pod relaunch (or a profiled configuration's pod start) pauses a job "
         f"(default {FaultSettings().relaunch_s:g}, DLRover-RM's ~3 minutes; docs/simulator.md)",
+    )
+    parser.add_argument(
+        "--ps-resize-s",
+        type=positive_float,
+        default=FaultSettings().ps_resize_s,
+        metavar="S",
+        help="seconds an elastic resize that changes the PS (count, CPU or memory) pauses a job "
+        f"(default {FaultSettings().ps_resize_s:g}: a stated cluster pod start of "
+        f"{CLUSTER_POD_START_S:g} s plus the live PS move's measured pause, "
+        f"{LIVE_PS_MOVE_PAUSE_S:g} s; docs/simulator.md). A resize of the workers alone "
+        f"costs {FaultSettings().elastic_resize_s:g} s",
     )
     parser.add_argument(
         "--objective",
@@ -198,7 +214,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.synthetic is not None and args.synthetic < 1:
         raise UserInputError(f"--synthetic: must be at least 1, got {args.synthetic}")
     out = Path(args.output)
-    faults = FaultSettings(stragglers=args.stragglers == "pai", relaunch_s=args.relaunch_s)
+    faults = FaultSettings(
+        stragglers=args.stragglers == "pai",
+        relaunch_s=args.relaunch_s,
+        ps_resize_s=args.ps_resize_s,
+    )
     _planner(args)  # a bad floor fails before anything runs
     with TerminalProgress("policies simulated") as progress:
         runs = _simulate(args, policies, faults, progress)
@@ -219,9 +239,51 @@ def _run(args: argparse.Namespace) -> int:
         },
         "seeds": list(range(args.seed, args.seed + args.seeds)),
         "faults": {k: getattr(faults, k) for k in faults.__dataclass_fields__},
+        "prices": _prices(faults),
     }
     write_atomic(out / "results.json", json.dumps(document, indent=2) + "\n")
     print(REGIME_LINES[args.quota])
+    print(_price_line(faults))
     print(format_table(table))
+    for line in _never_started_lines(runs):
+        print(line, file=sys.stderr)
     print(f"wrote {out / 'results.json'}", file=sys.stderr)
     return 0
+
+
+def _prices(faults: FaultSettings) -> dict[str, Any]:
+    """What each pause cost the jobs, and where the PS-changing resize's price came from."""
+    default = FaultSettings().ps_resize_s
+    return {
+        "ps_resize_s": faults.ps_resize_s,
+        "ps_resize_s_from": (
+            f"default: {CLUSTER_POD_START_S:g} s cluster pod start (stated) + "
+            f"{LIVE_PS_MOVE_PAUSE_S:g} s live PS move pause (measured, benchmarks/ps_move_pause.py)"
+            if faults.ps_resize_s == default
+            else "--ps-resize-s"
+        ),
+        "elastic_resize_s": faults.elastic_resize_s,
+        "relaunch_s": faults.relaunch_s,
+        "restart_resize_s": faults.restart_resize_s,
+        "restart_s": faults.restart_s,
+    }
+
+
+def _price_line(faults: FaultSettings) -> str:
+    return (
+        f"prices: elastic resize changing the PS {faults.ps_resize_s:g} s, of the workers alone "
+        f"{faults.elastic_resize_s:g} s; pod relaunch {faults.relaunch_s:g} s; "
+        f"checkpoint-and-restart resize {faults.restart_resize_s:g} s"
+    )
+
+
+def _never_started_lines(runs: list[Comparison]) -> list[str]:
+    """A line per seed and policy with jobs that never started: their pods fit no empty node of
+    the cluster (the simulation runs every other job to its end; they count as not completed)."""
+    return [
+        f"seed {run.seed}: {s.policy}: {s.never_started} of {s.jobs} jobs never started "
+        "(their pods do not fit the empty cluster; counted as not completed)"
+        for run in runs
+        for s in run.summaries
+        if s.never_started
+    ]

@@ -13,6 +13,8 @@ from dlrover_kfp.core.plan import NodeGroup, ResourcePlan, Stage
 from dlrover_kfp.core.spec import JobSpec
 from dlrover_kfp.sim.cluster.api import JobOutcome, JobView, Policy
 from dlrover_kfp.sim.cluster.engine import (
+    CLUSTER_POD_START_S,
+    LIVE_PS_MOVE_PAUSE_S,
     FaultSettings,
     Simulation,
     Utilisation,
@@ -128,7 +130,9 @@ def test_a_self_inflicted_oom_is_a_kill_the_users_request_would_have_avoided() -
 
 
 class OneMore(FixedPolicy):
-    """The request, then one more worker or PS at the first decision (an elastic resize)."""
+    """The request, then one change at the first decision (an elastic resize): one more worker
+    or PS (``worker``, ``ps``), or one more core for each worker or each PS (``worker-cpu``,
+    ``ps-cpu``: those pods replaced)."""
 
     def __init__(self, role: str) -> None:
         super().__init__(elastic=True)
@@ -140,31 +144,40 @@ class OneMore(FixedPolicy):
         w, p = job.plan.workers, job.plan.ps
         if self.role == "worker":
             w = NodeGroup(count=w.count + 1, cpu=w.cpu, memory_mb=w.memory_mb)
+        elif self.role == "worker-cpu":
+            w = NodeGroup(count=w.count, cpu=w.cpu + 1, memory_mb=w.memory_mb)
+        elif self.role == "ps-cpu":
+            p = NodeGroup(count=p.count, cpu=p.cpu + 1, memory_mb=p.memory_mb)
         else:
             p = NodeGroup(count=p.count + 1, cpu=p.cpu, memory_mb=p.memory_mb)
         return ResourcePlan(workers=w, ps=p, stage=Stage.AUTO_SCALE, reason="+1")
 
 
-def resized_steps(role: str) -> tuple[TraceJob, list[Utilisation]]:
-    """One job resized by ``OneMore(role)`` at its first decision: its running steps after
-    the resize (a 60 s resize pause, 120 s steps, noise off)."""
-    faults = dataclasses.replace(QUIET, noise=0.0, elastic_resize_s=60.0)
+def resized_steps(
+    role: str, *, elastic_resize_s: float = 60.0, ps_resize_s: float = 60.0
+) -> tuple[TraceJob, JobOutcome, list[Utilisation]]:
+    """One job resized by ``OneMore(role)`` at its first decision: its outcome and its running
+    steps after the resize (these resize prices, 120 s steps, noise off)."""
+    faults = dataclasses.replace(
+        QUIET, noise=0.0, elastic_resize_s=elastic_resize_s, ps_resize_s=ps_resize_s
+    )
     job = make_job("resized")
     result = Simulation(
         [job], OneMore(role), cluster(step_s=120.0), faults, stragglers=even_workers()
     ).run()
-    assert result.outcomes[0].resizes == 1
+    (outcome,) = result.outcomes
+    assert outcome.resizes == 1
     running = [u for u in result.utilisation if u.running]
     allocs = sorted({round(u.cpu_allocated, 6) for u in running})
     assert len(allocs) == 2  # before and after the resize
-    return job, [u for u in running if math.isclose(u.cpu_allocated, allocs[1])]
+    return job, outcome, [u for u in running if math.isclose(u.cpu_allocated, allocs[1])]
 
 
 def test_a_step_with_a_pause_counts_the_cpu_its_active_part_used() -> None:
     # A PS added: the PS re-partition, the whole job pauses 60 s of a 120 s step. The pods
     # train for the other 60 s, so the step uses half the CPU of a full step at the same shape,
     # not nothing.
-    _, after = resized_steps("ps")
+    _, _, after = resized_steps("ps")
     paused, full = after[0], after[1]
     assert full.cpu_used > 0
     assert paused.cpu_used == pytest.approx(full.cpu_used / 2, rel=1e-3)
@@ -174,7 +187,7 @@ def test_workers_added_alone_pause_no_pod_the_job_trains_at_its_old_rate_meanwhi
     # A worker added (same pods, same PS): the others train on while it starts (runtime/
     # elastic.py), so over the 60 s start the job goes at its old rate. Charged as a whole-job
     # pause of 60 · (1 - X_old / X_new) s: the step after the resize is active for the rest.
-    job, after = resized_steps("worker")
+    job, _, after = resized_steps("worker")
     batch = job.spec.training.batch_size
     x_old = job.truth.throughput.evaluate(4, 2, 8.0, 8.0, batch)[0]
     x_new = job.truth.throughput.evaluate(5, 2, 8.0, 8.0, batch)[0]
@@ -182,6 +195,34 @@ def test_workers_added_alone_pause_no_pod_the_job_trains_at_its_old_rate_meanwhi
     active = 120.0 - 60.0 * (1.0 - x_old / x_new)
     resized, full = after[0], after[1]
     assert resized.cpu_used == pytest.approx(full.cpu_used * active / 120.0, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("change", "changes_ps"), [("ps", True), ("ps-cpu", True), ("worker-cpu", False)]
+)
+def test_a_resize_that_changes_the_ps_pays_its_own_price_one_of_workers_the_elastic_one(
+    change: str, changes_ps: bool
+) -> None:
+    # Two prices told apart: 90 s for a resize that changes the PS (one more PS, or every PS
+    # replaced by one with another core), 30 s for one that replaces the workers alone. The
+    # whole job pauses that long in the 120 s step after the resize and trains the rest, so
+    # that step uses (120 - pause) / 120 of the CPU of a full step at the same shape.
+    _, outcome, after = resized_steps(change, elastic_resize_s=30.0, ps_resize_s=90.0)
+    pause = 90.0 if changes_ps else 30.0
+    resized, full = after[0], after[1]
+    assert full.cpu_used > 0
+    assert resized.cpu_used == pytest.approx(full.cpu_used * (120.0 - pause) / 120.0, rel=1e-3)
+    assert outcome.ps_resizes == int(changes_ps)
+
+
+def test_the_ps_resize_price_is_a_stated_pod_start_plus_the_measured_move_pause() -> None:
+    # The default is made of its two figures, named in engine.py and docs/simulator.md: a
+    # cluster pod start of 60 s (stated) and the live PS move's largest measured pause, 2.14 s
+    # (benchmarks/ps_move_pause.py, under load, 250 pushes/s). A worker-only resize keeps 60 s.
+    assert CLUSTER_POD_START_S == 60.0
+    assert LIVE_PS_MOVE_PAUSE_S == 2.14
+    assert FaultSettings().ps_resize_s == pytest.approx(62.14)
+    assert FaultSettings().elastic_resize_s == 60.0
 
 
 def test_profiling_steps_count_the_cpu_the_profiled_configurations_used() -> None:

@@ -9,7 +9,8 @@ import pytest
 
 from dlrover_kfp.cli.main import main
 from dlrover_kfp.sim.cluster.results import METRICS, format_table, spread
-from dlrover_kfp.sim.cluster.trace import read_trace
+from dlrover_kfp.sim.cluster.trace import read_trace, write_trace
+from tests.sim.test_engine import make_job
 
 
 def test_synthetic_comparison_writes_results_and_the_trace(
@@ -108,7 +109,48 @@ def test_family_stragglers_scale_objective_and_quota_reach_the_run(
     assert json.loads((out / "results.json").read_text())["faults"]["relaunch_s"] == 180.0
 
 
-@pytest.mark.parametrize("flag", ["--cluster-scale", "--throughput-floor"])
+def test_the_resize_prices_reach_the_run_and_results_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    argv = ["simulate", "--synthetic", "5", "--policies", "manual", "--output", str(out)]
+    assert main(argv) == 0
+    stdout, _ = capsys.readouterr()
+    assert stdout.splitlines()[1] == (
+        "prices: elastic resize changing the PS 62.14 s, of the workers alone 60 s; "
+        "pod relaunch 180 s; checkpoint-and-restart resize 300 s"
+    )
+    document = json.loads((out / "results.json").read_text())
+    assert document["faults"]["ps_resize_s"] == 62.14
+    assert document["prices"]["ps_resize_s"] == 62.14
+    assert document["prices"]["ps_resize_s_from"].startswith("default: 60 s cluster pod start")
+    assert document["prices"]["elastic_resize_s"] == 60.0
+    assert main([*argv, "--ps-resize-s", "180"]) == 0
+    document = json.loads((out / "results.json").read_text())
+    assert document["faults"]["ps_resize_s"] == 180.0
+    assert document["prices"]["ps_resize_s_from"] == "--ps-resize-s"
+    assert document["faults"]["relaunch_s"] == 180.0  # each price its own flag
+
+
+def test_a_trace_longer_than_sixty_days_is_simulated_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Arrivals over 120 days; the simulator stopped at 60 until issue 44 and reported only
+    # the jobs that had arrived by then.
+    day = 86400.0
+    jobs = [make_job(f"job-{d:03d}", arrival_s=d * day) for d in (0, 59, 61, 120)]
+    write_trace(tmp_path / "long.jsonl", jobs, description="four jobs over 120 days")
+    out = tmp_path / "out"
+    argv = ["simulate", "--trace", str(tmp_path / "long.jsonl"), "--policies", "manual"]
+    assert main([*argv, "--stragglers", "off", "--output", str(out)]) == 0
+    capsys.readouterr()
+    (summary,) = json.loads((out / "results.json").read_text())["per_seed"][0]["summaries"]
+    assert summary["jobs"] == 4
+    assert summary["never_started"] == 0
+    assert summary["failed_jobs"].get("never finished", 0) == 0
+
+
+@pytest.mark.parametrize("flag", ["--cluster-scale", "--throughput-floor", "--ps-resize-s"])
 def test_a_non_positive_number_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str
 ) -> None:

@@ -126,6 +126,8 @@ class JobOutcome:
     restarts: int
     oom_failures: int
     resizes: int
+    #: the resizes among ``resizes`` that changed the PS (their count, CPU or memory)
+    ps_resizes: int = 0
     #: seconds spent profiling configurations before training at the plan
     profile_s: float = 0.0
     #: the reason of every pod failure (OOMKilled, Evicted, Error, NodeLost), in order

@@ -66,10 +66,43 @@ class ClusterSettings:
     node_memory_mb: int
     #: simulated seconds per step (and between two runtime samples of a job)
     step_s: float = 120.0
-    #: the simulation stops here even if jobs remain (they count as not completed)
-    max_time_s: float = 60 * 86400.0
+    #: None (the default): the simulation runs until every job of the trace has ended, however
+    #: long the trace (see :meth:`Simulation.run` for when it stops otherwise); a number: it
+    #: stops there even if jobs remain, and those, and any that had not arrived, count as not
+    #: completed. (It was 60 days before issue 44: a 5,000-job trace, 83 days of arrivals,
+    #: simulated 3,731 jobs and left the later arrivals out of the results.)
+    max_time_s: float | None = None
     #: a queued job that has waited this long stops the backfill of later jobs until it starts
     reserve_after_s: float = 3600.0
+
+
+#: The pause of a live PS move, measured (``benchmarks/ps_move_pause.py``, docs/benchmarks.md):
+#: one PS of 1.0 GiB moved to a new PS process by the runtime's method (the new PS copies while
+#: training goes on, then the workers pause while it fetches the rows updated since), from the
+#: last applied push to the new PS's first answer. The largest figure measured: 2.14 s, under
+#: load (load average 4.9-5.9) with 250 pushes/s (1.10-2.14 s over 2 rounds); quiet at 100
+#: pushes/s it was 0.258 s (median of 3). A larger or busier PS re-sends more rows in the pause;
+#: nothing larger than 1 GiB was measured.
+LIVE_PS_MOVE_PAUSE_S = 2.14
+
+#: The start of a pod on a cluster (scheduled, image present or pulled, container and process
+#: started), stated, not measured: no real cluster is reachable from here (docs/kubernetes.md,
+#: "Not done yet": the fake kubelet starts a process at once). It is the figure this simulator
+#: already gives a new worker pod in an elastic resize (``elastic_resize_s``), so a PS pod
+#: starts as fast as a worker pod. For scale: Kubernetes' SLO for a schedulable stateless pod
+#: is 5 s at the 99th percentile, image pulls excluded (kubernetes/community,
+#: sig-scalability/slos/pod_startup_latency.md), and a PS process is ready 1.6 s (small model)
+#: to 10.5 s (medium, 1 CPU) after it starts (``benchmarks/ps_startup.py``,
+#: docs/training-benchmarks.md); the rest of the 60 s is left to an image pull.
+CLUSTER_POD_START_S = 60.0
+
+#: The default price of an elastic resize that changes the PS: the new PS pods start
+#: (:data:`CLUSTER_POD_START_S`), then the switch pauses the workers
+#: (:data:`LIVE_PS_MOVE_PAUSE_S`), 62.14 s, all charged as a pause of the whole job. That is
+#: what the runtime's stop-first change pays (the quota cannot hold old and new PS together:
+#: the new PS start while the job is paused, runtime/ps_change.py), less its checkpoint and
+#: restore; for a live change, whose new PS start while training goes on, it is an upper bound.
+PS_RESIZE_S = CLUSTER_POD_START_S + LIVE_PS_MOVE_PAUSE_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +129,15 @@ class FaultSettings:
     restart_s: float = 300.0
     #: retries of a non-elastic job before it fails
     retry_limit: int = 3
-    #: seconds an elastic resize takes (new pods start, shards move): the whole job pauses
-    #: this long when pods are replaced or the PS change; workers added alone start this long
-    #: while the others train on (Simulation._resize)
+    #: seconds an elastic resize that leaves the PS as they were takes (new worker pods start,
+    #: shards move): the whole job pauses this long when worker pods are replaced (their CPU
+    #: or memory change); workers added alone start this long while the others train on
+    #: (Simulation._resize)
     elastic_resize_s: float = 60.0
+    #: seconds an elastic resize that changes the PS (their count, CPU or memory: new PS pods)
+    #: pauses the whole job; from a measurement and a stated figure (:data:`PS_RESIZE_S`).
+    #: ``dlrover-kfp simulate --ps-resize-s`` sets it.
+    ps_resize_s: float = PS_RESIZE_S
     #: seconds a checkpoint-and-restart resize pauses training (non-elastic policies)
     restart_resize_s: float = 300.0
     #: seconds of work a PS failure loses under flash checkpoints (half their interval)
@@ -140,6 +178,7 @@ class _Run:
     self_inflicted_ooms: int = 0
     relaunches: int = 0
     resizes: int = 0
+    ps_resizes: int = 0
     next_decision: float = 0.0
     straggler: tuple[float, float, float, int] | None = None  # onset, end, factor, worker
     slowdowns: tuple[float, ...] = ()
@@ -246,7 +285,9 @@ class Simulation:
         done: list[_Run] = []
         usage: list[Utilisation] = []
         t = 0.0
-        while (pending or queue or running) and t <= self.cluster.max_time_s:
+        limit = self.cluster.max_time_s
+        stuck = False
+        while (pending or queue or running) and (limit is None or t <= limit):
             while pending and pending[0].arrival_s <= t:
                 job = pending.pop(0)
                 queue.append(self._admit(job))
@@ -256,6 +297,16 @@ class Simulation:
                     running.append(run)
                 elif t - run.job.arrival_s >= self.cluster.reserve_after_s and self._could_fit(run):
                     break  # it has waited long enough: no backfill past it
+            if queue and not running and not pending:
+                # Nothing runs and nothing is to come, so the cluster is empty: every queued job
+                # is tried on it, past any reservation (a job that waits for room cannot get
+                # more than all of it). If none starts, none ever will.
+                started = [run for run in queue if self._start(run, t)]
+                if not started:
+                    stuck = True
+                    break
+                queue = [run for run in queue if run not in started]
+                running.extend(started)
             cpu_alloc = cpu_used = mem_alloc = mem_used = 0.0
             for run in list(running):
                 used = self._advance(run, t, step)
@@ -274,8 +325,20 @@ class Simulation:
             t += step
             if progress is not None:
                 progress(t, len(done), len(self.jobs))
-        for run in queue + running:
+        for run in queue:
+            run.failed = run.failed or (
+                "never started: its pods do not fit the empty cluster"
+                if stuck
+                else "not started when the simulation ended"
+            )
+            self._finish(run, t, failed=True)
+            done.append(run)
+        for run in running:
             run.failed = run.failed or "not finished when the simulation ended"
+            self._finish(run, t, failed=True)
+            done.append(run)
+        for job in pending:  # only with a max_time_s: it had not arrived by then
+            run = _Run(job=job, total=1.0, failed="not submitted when the simulation ended")
             self._finish(run, t, failed=True)
             done.append(run)
         outcomes = tuple(self._outcome(r) for r in sorted(done, key=lambda r: r.job.id))
@@ -508,7 +571,8 @@ class Simulation:
             run.next_decision = t + step + self.policy.decision_interval_s
             new = self.policy.decide(self._view(run, t + step))
             if new is not None:
-                self._resize(run, new, t + step, pause=self._resize_pause())
+                pause = self._resize_pause(run.plan, new)
+                self._resize(run, new, t + step, pause=pause)
         return cpu_alloc, cpu_used, mem_alloc, mem_used
 
     def _sample(
@@ -594,9 +658,14 @@ class Simulation:
         pod start uses none)."""
         return sum(cores * max(0.0, min(end, b) - max(start, a)) for a, b, cores in run.profile_use)
 
-    def _resize_pause(self) -> float:
+    def _resize_pause(self, old: ResourcePlan, new: ResourcePlan) -> float:
+        """What a resize from ``old`` to ``new`` pauses the job: a checkpoint-and-restart for a
+        non-elastic policy; for an elastic one, the PS-changing price when the PS change (their
+        count, CPU or memory: new PS pods), else the price of a worker-only resize."""
         f = self.faults
-        return f.elastic_resize_s if self.policy.elastic else f.restart_resize_s
+        if not self.policy.elastic:
+            return f.restart_resize_s
+        return f.ps_resize_s if _ps_changed(old, new) else f.elastic_resize_s
 
     def _could_fit(self, run: _Run) -> bool:
         """Whether every pod of the run's plan fits an empty node (so waiting can help)."""
@@ -715,6 +784,7 @@ class Simulation:
         x_old = self._rates(run)[0] if count_only else 0.0
         run.plan = new
         run.resizes += 1
+        run.ps_resizes += _ps_changed(old, new)
         if count_only:
             # The job's workers lease shards from its master (runtime/elastic.py): new workers
             # start and lease as they come while the others train on, so for ``pause`` seconds
@@ -787,6 +857,7 @@ class Simulation:
             restarts=run.restarts,
             oom_failures=run.ooms,
             resizes=run.resizes,
+            ps_resizes=run.ps_resizes,
             profile_s=run.profile_s,
             failures=tuple(e.detail for e in run.events if e.kind in ("oom", "failure")),
             warm_started=bool(run.plans) and run.plans[0].stage is Stage.WARM_START,
@@ -829,6 +900,11 @@ class Simulation:
                 job, c.node_cpu, c.node_memory_mb, snapshot=self.policy.elastic
             ),
         }
+
+
+def _ps_changed(old: ResourcePlan, new: ResourcePlan) -> bool:
+    """Whether ``new`` changes the PS: their count, CPU or memory (new PS pods either way)."""
+    return new.ps != old.ps
 
 
 def _worker_count_only(old: ResourcePlan, new: ResourcePlan) -> bool:

@@ -41,6 +41,7 @@ METRICS = (
     "warm_started",
     "relaunches",
     "resizes",
+    "ps_resizes",
     "plan_vs_oracle_final",
     "plan_vs_oracle_timed",
 )
@@ -76,6 +77,9 @@ class PolicySummary:
     infeasible_jobs: int = 0
     #: single pods relaunched (elastic policies); whole-job restarts are ``restarts``
     relaunches: int = 0
+    #: the resizes among ``resizes`` that changed the PS (their count, CPU or memory), which
+    #: an elastic policy pays ``FaultSettings.ps_resize_s`` for
+    ps_resizes: int = 0
     #: jobs that never started (still queued when the simulation ended)
     never_started: int = 0
     #: mean seconds per job spent profiling configurations before training (Optimus)
@@ -135,6 +139,7 @@ def summarize(result: SimulationResult) -> PolicySummary:
         warm_started=sum(1 for o in result.outcomes if o.warm_started),
         self_inflicted_ooms=sum(o.self_inflicted_ooms for o in result.outcomes),
         relaunches=sum(o.relaunches for o in result.outcomes),
+        ps_resizes=sum(o.ps_resizes for o in result.outcomes),
         never_started=sum(1 for o in result.outcomes if o.started_at is None),
         profile_s_per_job=(
             statistics.fmean(o.profile_s for o in result.outcomes) if result.outcomes else 0.0

@@ -24,10 +24,13 @@ and blog (production PS jobs before DLRover). The figures were measured on 500 j
   pods of all jobs, at the request): 0.21 / 0.23 / 0.26 (workers ~0.30, PS ~0.15; paper and
   blog: 0.21-0.28, workers ~0.20, PS ~0.15). Memory utilisation (MiB-seconds likewise, the PS
   growing with progress): 0.24 / 0.25 / 0.26 (blog: 0.17-0.32).
-* **Under-provisioning.** 10 % of the scenarios (and of the one-off jobs) ask for less PS
-  memory than their largest PS uses at the end of the job: the request is that PS's usage at a
-  progress drawn in 0.3-0.85, so these jobs OOM under manual configuration (paper: completion
-  rate 89 %). Measured OOM share 0.088 / 0.097 / 0.100 (the daily jitter saves a few runs).
+* **Under-provisioning.** A user's PS memory request is a log-normal guess at the largest PS's
+  end-of-job use (median 2x, sigma 0.9; :data:`PS_GUESS_MEDIAN`), rounded up to a size users
+  write: the jobs whose guess falls short ask for less than their largest PS reaches, and OOM
+  under manual configuration once it grows past it (paper: completion rate 89 %). Measured
+  OOM share (:func:`manual_oom_progress`) 0.022 / 0.051 / 0.086 (seeds 0-19; issue 44: this
+  line said 10 % of the scenarios, at a progress drawn in 0.3-0.85, which the code no longer
+  draws).
   Another 5 % of the scenarios and one-off jobs (4.2 % of the jobs) ask for a third of the
   workers they should (1-3 instead of 4-16): manual JCTs of 1.3-2.7 h where 20-90 min was meant.
 * **Quota** (``resources.limits``): 1.5-3x the request in CPU and in memory (the request the job
