@@ -62,13 +62,13 @@ def settled(samples: Sequence[RuntimeSample]) -> list[RuntimeSample]:
     return list(samples[start + 1 :])
 
 
-def abandoned_configs(samples: Sequence[RuntimeSample]) -> frozenset[Config]:
-    """Configurations the job ran with and then left for one it had run with before: a step
-    rolled back (or a probe undone). Measurement judged them once; proposing them again on the
-    strength of the model, whose prediction they already failed, is thrashing.
+def failed_moves(samples: Sequence[RuntimeSample]) -> tuple[tuple[Config, Config], ...]:
+    """``(base, failed)`` for each move the job made from ``base`` to ``failed`` and then left
+    for a configuration it had run with before: a step rolled back (or a probe undone), in the
+    order they were made.
 
-    In the sequence of configurations c0, c1, c2, ... (runs of equal ones merged), ci is
-    abandoned when c(i+1) is one of c0 .. c(i-1).
+    In the sequence of configurations c0, c1, c2, ... (runs of equal ones merged), the move
+    c(i-1) -> ci failed when c(i+1) is one of c0 .. c(i-1).
     """
     runs: list[Config] = []
     for x in samples:
@@ -76,20 +76,14 @@ def abandoned_configs(samples: Sequence[RuntimeSample]) -> frozenset[Config]:
             c = config_of(x)
             if not runs or runs[-1] != c:
                 runs.append(c)
-    return frozenset(runs[i] for i in range(1, len(runs) - 1) if runs[i + 1] in runs[:i])
-
-
-def failed_moves(samples: Sequence[RuntimeSample]) -> tuple[tuple[Config, Config], ...]:
-    """``(base, failed)`` for each move the job made from ``base`` to ``failed`` and then left
-    for a configuration it had run before (:func:`abandoned_configs`' rule): the moves
-    measurement undid, in the order they were made."""
-    runs: list[Config] = []
-    for x in samples:
-        if x.workers > 0 and x.ps > 0:
-            c = config_of(x)
-            if not runs or runs[-1] != c:
-                runs.append(c)
     return tuple((runs[i - 1], runs[i]) for i in range(1, len(runs) - 1) if runs[i + 1] in runs[:i])
+
+
+def abandoned_configs(samples: Sequence[RuntimeSample]) -> frozenset[Config]:
+    """Configurations the job ran with and then left for one it had run with before: where
+    :func:`failed_moves` went. Measurement judged them once; proposing them again on the
+    strength of the model, whose prediction they already failed, is thrashing."""
+    return frozenset(failed for _, failed in failed_moves(samples))
 
 
 def cores_per_sample(
