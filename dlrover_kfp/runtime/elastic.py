@@ -267,14 +267,8 @@ class ElasticPolicy:
         if self._restart_in_place(statuses, t):
             return  # every PS restarted and every worker was replaced: the statuses are stale
         for status in statuses:
-            if status.phase is not PodPhase.FAILED or status.name in self.run.stopping:
-                continue
-            key = (status.name, status.started_at)
-            if key in self._handled:
-                continue
-            self._handled.add(key)
-            decision = self._decide_stop(status, t)
-            if isinstance(decision, NoRelaunch):
+            decision = self._failed(status, t)
+            if decision is None or isinstance(decision, NoRelaunch):
                 continue
             if status.role == "ps":
                 self._restore_from_checkpoint(status.name, decision, t)
@@ -290,6 +284,17 @@ class ElasticPolicy:
         not handled here: a PS that fails mid-change is the loop's, after the change."""
         t = self.run.t()
         self.handle_failures([s for s in statuses if s.role == "worker"], t)
+
+    def _failed(self, status: PodStatus, t: float) -> Relaunch | NoRelaunch | None:
+        """The failure of ``status``, decided once per pod (:meth:`_decide_stop`); None if the
+        pod did not fail, the run stopped it, or its failure was handled already."""
+        if status.phase is not PodPhase.FAILED or status.name in self.run.stopping:
+            return None
+        key = (status.name, status.started_at)
+        if key in self._handled:
+            return None
+        self._handled.add(key)
+        return self._decide_stop(status, t)
 
     def _decide_stop(self, status: PodStatus, t: float) -> Relaunch | NoRelaunch:
         """A failed pod's event (``oom`` or ``failure``, with the cause from its log) and the
@@ -970,6 +975,7 @@ class ElasticPolicy:
         ):
             self._restart_with(state, target)
             return
+        statuses: dict[str, PodStatus] | None = None  # read once, at the first resize
         for change in changes:
             name = self.run.worker_name(change.index)
             if change.kind is ChangeKind.REMOVE_WORKER:
@@ -982,41 +988,32 @@ class ElasticPolicy:
                 # One PS after another, each to a pod of the new size.
                 self._switch_ps(target.ps, frozenset({change.index}), live=change.live)
             elif change.kind is ChangeKind.RESIZE_WORKER:
+                # After any PS change above: a worker may have died while it held the loop.
+                if statuses is None:
+                    statuses = {s.name: s for s in self.run.backend.statuses()}
                 group = NodeGroup(count=1, cpu=change.cpu, memory_mb=change.memory_mb)
-                self._resize_worker(change.index, group)
+                self._resize_worker(change.index, group, statuses.get(name))
             elif change.kind is ChangeKind.ADD_WORKER:
                 self._launch_worker(change.index, target.workers)
         self.run.workers = target.workers
 
-    def _resize_worker(self, index: int, group: NodeGroup) -> None:
+    def _resize_worker(self, index: int, group: NodeGroup, status: PodStatus | None = None) -> None:
         """Worker ``index`` to ``group``'s size in place: the backend's ``resize``; the same
         process goes on under the new quota and sizes its threads to it (training/node.py),
         with no start-up and no shard read again. Where the backend refuses (an older cluster,
         a node without room, see :class:`~dlrover_kfp.ports.ResizeOutcome`) or the pod is not
         running, it is replaced as before: stopped, and started again at the new size. After
-        a refusal the planner prices every CPU change as a replacement (``resize_in_place``)."""
+        a refusal the planner prices every CPU change as a replacement (``resize_in_place``).
+        ``status``: the pod as last read; a pod that failed (while a PS change held the loop)
+        is a failure, counted, and relaunched at the new size, not a refused resize."""
         name = self.run.worker_name(index)
-        failed = [
-            s for s in self.run.backend.statuses() if s.name == name and s.phase is PodPhase.FAILED
-        ]
-        key = (name, failed[0].started_at) if failed else None
-        if key is not None and name not in self.run.stopping and key not in self._handled:
-            # It died before its resize (a PS change held the loop meanwhile): a failure with
-            # its cause, counted, and its relaunch at the new size; not a refused resize.
-            self._handled.add(key)
-            t = self.run.t()
-            decision = self._decide_stop(failed[0], t)
-            if not isinstance(decision, NoRelaunch):
-                grown = NodeGroup(
-                    count=1, cpu=group.cpu, memory_mb=max(group.memory_mb, decision.memory_mb)
-                )
-                self._relaunch_worker(
-                    name,
-                    index,
-                    dataclasses.replace(decision, cpu=grown.cpu, memory_mb=grown.memory_mb),
-                    t,
-                )
-                return
+        t = self.run.t()
+        decision = None if status is None else self._failed(status, t)
+        if isinstance(decision, Relaunch):
+            memory_mb = max(group.memory_mb, decision.memory_mb)
+            grown = dataclasses.replace(decision, cpu=group.cpu, memory_mb=memory_mb)
+            self._relaunch_worker(name, index, grown, t)
+            return
         not_running = False
         try:
             outcome = self.run.backend.resize(name, group.cpu, group.memory_mb)

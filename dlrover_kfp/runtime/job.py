@@ -956,9 +956,7 @@ class JobRun(Generic[P]):
             if why is None:
                 continue
             self.backend.delete(pod.name, grace_s=0.0)
-            with state.lock:  # its relaunch is judged on its own words, not these
-                state.usage.pop(node, None)
-                state.loading.pop(node, None)
+            state.forget_reports(node)  # its relaunch is judged on its own words
             why = f"frozen before it served: {why}"
             return replace(pod, phase=PodPhase.FAILED, reason="Error", message=why)
         return None

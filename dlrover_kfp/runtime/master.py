@@ -240,6 +240,13 @@ class MasterState:
         with self.lock:
             return self.loading.get(node)
 
+    def forget_reports(self, node: NodeId) -> None:
+        """Drop what the pod of ``node`` reported (its usage, that it was loading): a pod
+        started again under the same node is judged on its own reports."""
+        with self.lock:
+            self.usage.pop(node, None)
+            self.loading.pop(node, None)
+
     def last_heard(self, node: NodeId) -> float | None:
         """When (master clock) the pod last reported its usage; None if it has not yet."""
         with self.lock:
