@@ -132,6 +132,38 @@ def test_a_frozen_ps_is_killed_and_the_job_rolls_back_to_its_checkpoint(tmp_path
     assert caught_up <= liveness.DETECT_S + RESTART_S + CHECKPOINT_S + 2.0, seen
 
 
+#: QUIET, with Stage 3 finding every PS hot (threshold 0): it moves PS 0 to a new pod of its
+#: size. No peer condition (issue 30: every PS, a lone one too).
+HOT = dataclasses.replace(
+    QUIET,
+    post_scale=dataclasses.replace(
+        QUIET.post_scale, hot_ps_utilization=0.0, hot_ps_cpu_growth=1.0, hot_ps_peer_ratio=0.0
+    ),
+)
+
+
+def _hold_loading(
+    run: JobRun[ElasticPolicy],
+    backend: LocalBackend,
+    hold_s: float,
+    seen: dict[str, float],
+    meanwhile: Callable[[], None] = lambda: None,
+) -> None:
+    """Once the hot-PS move's new PS (generation 1) said it is loading, give it no CPU for
+    ``hold_s`` (SIGSTOP, then SIGCONT: a process its busy node does not schedule), calling
+    ``meanwhile`` at the start of the hold; ``seen`` gets when it was held and released."""
+    new, node = "frozen-ps-0-g1", NodeId("ps", 0, 1)
+    assert _until(lambda: run.state.loading_since(node) is not None)
+    pid = backend.pid_of(new)
+    assert pid is not None
+    seen["held"] = _freeze(backend, new)
+    meanwhile()
+    time.sleep(hold_s)
+    with contextlib.suppress(ProcessLookupError):  # killed meanwhile: the change gave up
+        os.killpg(pid, signal.SIGCONT)
+    seen["released"] = time.monotonic()
+
+
 # ~30 s on a 2-core machine (a PS change abandoned, then one done): -m long.
 @pytest.mark.long
 @pytest.mark.timeout(liveness.FIRST_REPORT_S + 120)
@@ -143,15 +175,6 @@ def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) ->
         1_500_000, "{count: 1, cpu: 0.5, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
     )
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
-    hot = dataclasses.replace(
-        QUIET,
-        post_scale=dataclasses.replace(
-            QUIET.post_scale,
-            hot_ps_utilization=0.0,
-            hot_ps_cpu_growth=1.0,
-            hot_ps_peer_ratio=0.0,  # issue 30: no peer condition (every PS, a lone one too)
-        ),
-    )
     seen: dict[str, float] = {}
 
     def freeze_the_new_ps(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
@@ -169,7 +192,7 @@ def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) ->
         )
         seen["abandoned"] = time.monotonic()
 
-    result = _run(spec, tmp_path, settings, during=freeze_the_new_ps, planner=hot)
+    result = _run(spec, tmp_path, settings, during=freeze_the_new_ps, planner=HOT)
     profile = result.profile
     assert "frozen" in seen, "the new PS was never frozen"
     assert result.succeeded, profile.outcome.reason
@@ -181,19 +204,6 @@ def test_a_new_ps_frozen_during_a_ps_change_aborts_the_change(tmp_path: Path) ->
     print(f"\nnew PS frozen during a PS change: the change abandoned after {took:.1f}s")
     assert took <= ps_change.SILENT_S + 2.0, seen
     assert took <= liveness.FIRST_REPORT_S
-
-
-def _hot(threshold: float = 0.0) -> PlannerSettings:
-    """QUIET, with Stage 3 finding every PS hot: it moves PS 0 to a new pod of its size."""
-    return dataclasses.replace(
-        QUIET,
-        post_scale=dataclasses.replace(
-            QUIET.post_scale,
-            hot_ps_utilization=threshold,
-            hot_ps_cpu_growth=1.0,
-            hot_ps_peer_ratio=0.0,
-        ),
-    )
 
 
 #: How long the new PS is held while it loads its code: beyond the 10 s (FIRST_REPORT_S) of
@@ -216,17 +226,9 @@ def test_a_new_ps_slow_to_load_is_waited_for_and_the_change_completes(tmp_path: 
     seen: dict[str, float] = {}
 
     def hold_the_loading_ps(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
-        new, node = "frozen-ps-0-g1", NodeId("ps", 0, 1)
-        assert _until(lambda: run.state.loading_since(node) is not None)
-        pid = backend.pid_of(new)
-        assert pid is not None
-        seen["held"] = _freeze(backend, new)
-        time.sleep(SLOW_LOAD_S)
-        with contextlib.suppress(ProcessLookupError):  # killed meanwhile: the change gave up
-            os.killpg(pid, signal.SIGCONT)
-        seen["released"] = time.monotonic()
+        _hold_loading(run, backend, SLOW_LOAD_S, seen)
 
-    result = _run(spec, tmp_path, settings, during=hold_the_loading_ps, planner=_hot())
+    result = _run(spec, tmp_path, settings, during=hold_the_loading_ps, planner=HOT)
     profile = result.profile
     assert "released" in seen, "the new PS was never held while loading"
     assert result.succeeded, profile.outcome.reason
@@ -250,29 +252,24 @@ def test_a_worker_killed_during_a_live_ps_change_is_a_counted_failure_and_relaun
     against the relaunch budget, a relaunch, the change switched, every row trained once.
     Before, the master's loop was held by the change and the next resize replaced the dead
     pod ("in-place resize refused (not running)"): no failure, no relaunch, nothing counted."""
+    # Workers of a quarter core: on a quiet machine two half-core workers had trained their
+    # rows by the time the new PS loaded, and the kill found worker 0 gone.
     spec = _spec(
-        1_500_000, "{count: 2, cpu: 0.5, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
+        1_500_000, "{count: 2, cpu: 0.25, memory: 2Gi}", "{count: 1, cpu: 0.25, memory: 2Gi}"
     )
     settings = RunSettings(sample_interval_s=1.0, checkpoint_interval_s=0.0)
     seen: dict[str, float] = {}
 
     def kill_a_worker_in_the_change(run: JobRun[ElasticPolicy], backend: LocalBackend) -> None:
-        new, node = "frozen-ps-0-g1", NodeId("ps", 0, 1)
-        assert _until(lambda: run.state.loading_since(node) is not None)
-        pid = backend.pid_of(new)
-        assert pid is not None
-        seen["held"] = _freeze(backend, new)
-        seen["start"] = run.start
-        worker = backend.pid_of("frozen-worker-0")
-        assert worker is not None
-        os.kill(worker, signal.SIGKILL)
-        seen["killed"] = time.monotonic()
-        time.sleep(6.0)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGCONT)
-        seen["released"] = time.monotonic()
+        def kill_worker_0() -> None:
+            seen["start"] = run.start
+            worker = backend.pid_of("frozen-worker-0")
+            assert worker is not None
+            os.kill(worker, signal.SIGKILL)
 
-    result = _run(spec, tmp_path, settings, during=kill_a_worker_in_the_change, planner=_hot())
+        _hold_loading(run, backend, 6.0, seen, meanwhile=kill_worker_0)
+
+    result = _run(spec, tmp_path, settings, during=kill_a_worker_in_the_change, planner=HOT)
     profile = result.profile
     assert "released" in seen, "the change never started"
     assert result.succeeded, profile.outcome.reason

@@ -652,28 +652,10 @@ def test_a_direction_that_measured_worse_is_tried_at_most_once_more_and_the_run_
     measures -58%. After the first rolled-back step to more workers, more workers are tried
     at most once more, and the run ends on the fastest plan it ran. Without the measured
     corrections (search.Correction) the 3-core quota's runs tried 4, 5 and 4 workers."""
-    settings = PlannerSettings()
     truth = _Cliff(worker_threads, loss=0.42)
-    ctx = context_from_spec(spec(quota, max_workers=8, max_ps=3), settings)
-    rng = random.Random(seed)
-    current, samples, last, t = plan(3, 0.5, 1, 0.25), [], None, 0.0
-    configs = [config(current)]
-    for _ in range(24):
-        samples += truth.samples(current, t, SAMPLES_PER_ROUND, rng)
-        t = samples[-1].time + ROUND_S
-        decision = auto_scale(ctx, current, samples, t, settings, last_step=last)
-        if decision.plan is None:
-            continue
-        before = statistics.fmean(s.throughput for s in samples[-SAMPLES_PER_ROUND:])
-        last = ScalingStep(
-            time=t,
-            before=current,
-            throughput_before=before,
-            kind=decision.kind,
-            expected=decision.plan.predicted_throughput,
-        )
-        current = decision.plan
-        configs.append(config(current))
+    start = plan(3, 0.5, 1, 0.25)
+    history = run_loop(truth, start, quota, 24, seed, max_workers=8, max_ps=3, settings=_DEFAULTS)
+    configs = [config(h) for h in history]
     runs = [c for k, c in enumerate(configs) if k == 0 or configs[k - 1] != c]
     assert runs[1].workers > 3, runs  # the model's first step: more workers
     assert len([c for c in runs if c.workers > 3]) <= 2, runs

@@ -8,6 +8,7 @@ memory with no fit at all."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from hypothesis import given, reject, settings
@@ -97,37 +98,12 @@ def ps_growing(
 ) -> list[RuntimeSample]:
     """n samples of ``plan`` from the truth's rates, the PS' memory rising ``mb_per_s``."""
     out = Truth(worker_threads=2.0, ps_cost=1e-5, compute=4e-5).samples(plan, t0, n, rng)
-    grown = []
-    for s in out:
-        nodes = tuple(
-            NodeSample(
-                name=x.name,
-                role=x.role,
-                cpu_used=x.cpu_used,
-                cpu_requested=x.cpu_requested,
-                memory_used_mb=min(
-                    x.memory_requested_mb, int(x.memory_used_mb + mb_per_s * s.time)
-                ),
-                memory_requested_mb=x.memory_requested_mb,
-                throughput=x.throughput,
-            )
-            if x.role == "ps"
-            else x
-            for x in s.nodes
-        )
-        grown.append(
-            RuntimeSample(
-                time=s.time,
-                global_step=s.global_step,
-                throughput=s.throughput,
-                workers=s.workers,
-                ps=s.ps,
-                worker_cpu=s.worker_cpu,
-                ps_cpu=s.ps_cpu,
-                nodes=nodes,
-            )
-        )
-    return grown
+
+    def grown(x: NodeSample, t: float) -> NodeSample:
+        used = min(x.memory_requested_mb, int(x.memory_used_mb + mb_per_s * t))
+        return dataclasses.replace(x, memory_used_mb=used) if x.role == "ps" else x
+
+    return [dataclasses.replace(s, nodes=tuple(grown(x, s.time) for x in s.nodes)) for s in out]
 
 
 @settings(max_examples=150, deadline=None, database=None, derandomize=True)
@@ -169,19 +145,7 @@ def test_stage_2_rolls_back_within_the_quota_while_the_ps_grow(
     start = samples[-1].time + 30.0
     after = ps_growing(grown, n, start, mb_per_s, rng)
     # measured at half the rate before: the step did not pay
-    after = [
-        RuntimeSample(
-            time=s.time,
-            global_step=s.global_step,
-            throughput=s.throughput / 2,
-            workers=s.workers,
-            ps=s.ps,
-            worker_cpu=s.worker_cpu,
-            ps_cpu=s.ps_cpu,
-            nodes=s.nodes,
-        )
-        for s in after
-    ]
+    after = [dataclasses.replace(s, throughput=s.throughput / 2) for s in after]
     step = ScalingStep(time=start, before=before, throughput_before=samples[-1].throughput)
     now = after[-1].time + SETTINGS.auto_scale.min_interval_s
     decision = auto_scale(ctx, grown, samples + after, now, SETTINGS, last_step=step)
