@@ -675,6 +675,20 @@ def own_usage() -> tuple[float, float, float]:
     return seconds, at, rss / (1 << 20)
 
 
+def usage_report(role: str, index: int, generation: int) -> dict[str, Any]:
+    """A ``usage`` request's meta: who reports, and :func:`own_usage` read now (the pod's own
+    clock at the reading, ``at``, is what the master divides CPU by)."""
+    cpu_seconds, at, rss_mb = own_usage()
+    return {
+        "role": role,
+        "index": index,
+        "generation": generation,
+        "at": at,
+        "cpu_seconds": cpu_seconds,
+        "rss_mb": rss_mb,
+    }
+
+
 def report_usage(
     master_address: tuple[str, int],
     secret: bytes,
@@ -693,9 +707,7 @@ def report_usage(
     try:
         while True:
             # The rate's interval is the pod's clock, not the reports' arrivals.
-            cpu_seconds, at, rss_mb = own_usage()
-            meta = {"role": role, "index": index, "generation": generation, "at": at}
-            conn.request(USAGE, {**meta, "cpu_seconds": cpu_seconds, "rss_mb": rss_mb})
+            conn.request(USAGE, usage_report(role, index, generation))
             time.sleep(interval_s)
     except Exception:  # the master closed or restarted: the pod's main thread handles that
         return
@@ -729,12 +741,8 @@ def announce(argv: Sequence[str]) -> None:
     except (Exception, SystemExit):  # bad arguments or no master: the PS will say so
         return
     try:
-        cpu_seconds, at, rss_mb = own_usage()
-        meta = {"role": args.role, "index": args.index, "generation": args.generation}
-        conn.request(
-            USAGE,
-            {**meta, "at": at, "cpu_seconds": cpu_seconds, "rss_mb": rss_mb, LOADING: True},
-        )
+        report = usage_report(args.role, args.index, args.generation)
+        conn.request(USAGE, {**report, LOADING: True})
     except Exception:  # the master went away: the PS's own start will find out
         return
     finally:
