@@ -47,8 +47,14 @@ class RunningPods:
         self.events: list[PodEvent] = []
 
     def launch(self, pod: PodSpec) -> None:
+        # Every pod its own start, as a backend gives it: a pod relaunched under the same name
+        # is another pod (the master keys failures by name and start).
         self.pods[pod.name] = PodStatus(
-            name=pod.name, role=pod.role, index=pod.index, phase=self.phase
+            name=pod.name,
+            role=pod.role,
+            index=pod.index,
+            phase=self.phase,
+            started_at=float(len(self.launched)),
         )
         self.limits[pod.name] = (pod.cpu, pod.memory_mb)
         self.launched.append(pod.name)
